@@ -1,0 +1,1 @@
+"""adapters: see DESIGN.md. Arrives with its own issue."""

@@ -1,0 +1,45 @@
+"""lightning-store: a durable rollout and span store for training LLM agents with reinforcement learning."""
+
+from lightning_store.contract import UNSET, LightningStore, StoreStatistics
+from lightning_store.errors import InvalidRequestError, NotFoundError, StoreError
+from lightning_store.models import (
+    Attempt,
+    AttemptedRollout,
+    AttemptStatus,
+    EnqueueRolloutRequest,
+    PaginatedResult,
+    Rollout,
+    RolloutConfig,
+    RolloutMode,
+    RolloutStatus,
+    Worker,
+    WorkerStatus,
+)
+from lightning_store.resources import LLM, NamedResources, PromptTemplate, ProxyLLM, ResourcesUpdate
+from lightning_store.spans import Span
+
+__all__ = [
+    "LLM",
+    "UNSET",
+    "Attempt",
+    "AttemptStatus",
+    "AttemptedRollout",
+    "EnqueueRolloutRequest",
+    "InvalidRequestError",
+    "LightningStore",
+    "NamedResources",
+    "NotFoundError",
+    "PaginatedResult",
+    "PromptTemplate",
+    "ProxyLLM",
+    "ResourcesUpdate",
+    "Rollout",
+    "RolloutConfig",
+    "RolloutMode",
+    "RolloutStatus",
+    "Span",
+    "StoreError",
+    "StoreStatistics",
+    "Worker",
+    "WorkerStatus",
+]

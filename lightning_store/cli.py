@@ -1,0 +1,125 @@
+"""The ``store`` command. Subcommands from other packages arrive through the ``lightning_store.commands``
+entry-point group: each entry point names a ``typer.Typer`` (added as a group) or a function (a command)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from importlib.metadata import entry_points
+from typing import Annotated, Any
+
+import sqlalchemy as sa
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from lightning_store.settings import load_settings
+
+app = typer.Typer(help="lightning-store: a durable rollout and span store for agent RL.", no_args_is_help=True)
+console = Console()
+logger = logging.getLogger(__name__)
+
+DatabaseUrl = Annotated[
+    str | None,
+    typer.Option("--database-url", help="SQLAlchemy URL; default $LIGHTNING_STORE_DATABASE_URL or ./lightning_store.db"),
+]
+
+
+@app.command()
+def migrate(database_url: DatabaseUrl = None, revision: str = "head") -> None:
+    """Upgrade the database schema to REVISION (default: the newest)."""
+    from lightning_store.migrate import current_revision, upgrade
+    from lightning_store.sql.engine import make_engine
+
+    async def run() -> str | None:
+        engine = make_engine(load_settings(database_url=database_url).database_url)
+        try:
+            await upgrade(engine, revision)
+            return await current_revision(engine)
+        finally:
+            await engine.dispose()
+
+    console.print(f"schema at revision [bold]{asyncio.run(run())}[/bold]")
+
+
+@app.command()
+def stats(database_url: DatabaseUrl = None, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Print counts of rollouts (by status), attempts, spans, resources and workers."""
+    from lightning_store.sql import open_store
+
+    async def run() -> dict[str, Any]:
+        store = await open_store(database_url, watchdog=False)
+        try:
+            return dict(await store.statistics())
+        finally:
+            await store.close()
+
+    result = asyncio.run(run())
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    table = Table("statistic", "value")
+    for key, value in result.items():
+        table.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value))
+    console.print(table)
+
+
+@app.command()
+def sql(
+    query: Annotated[str, typer.Argument(help="A read-only SQL statement, e.g. SELECT * FROM rollouts_v")],
+    database_url: DatabaseUrl = None,
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per row."),
+) -> None:
+    """Run a read-only SQL query against the store and print the rows."""
+    from lightning_store.sql.engine import make_engine
+
+    async def run() -> tuple[list[str], list[tuple[Any, ...]]]:
+        engine = make_engine(load_settings(database_url=database_url).database_url)
+        try:
+            async with engine.connect() as conn:
+                # Read-only on both backends: a statement that writes fails instead of changing the store.
+                if engine.dialect.name == "postgresql":
+                    await conn.execute(sa.text("SET TRANSACTION READ ONLY"))
+                else:
+                    await conn.exec_driver_sql("PRAGMA query_only = ON")
+                result = await conn.execute(sa.text(query))
+                rows = [tuple(row) for row in result.all()]
+                if engine.dialect.name != "postgresql":
+                    await conn.exec_driver_sql("PRAGMA query_only = OFF")
+                await conn.rollback()
+                return list(result.keys()), rows
+        finally:
+            await engine.dispose()
+
+    try:
+        columns, rows = asyncio.run(run())
+    except sa.exc.DBAPIError as exc:
+        console.print(f"[red]query failed:[/red] {exc.orig}")
+        raise typer.Exit(1) from None
+    if as_json:
+        for row in rows:
+            typer.echo(json.dumps(dict(zip(columns, row, strict=True)), default=str))
+        return
+    table = Table(*columns)
+    for row in rows:
+        table.add_row(*(json.dumps(v) if isinstance(v, dict | list) else str(v) for v in row))
+    console.print(table)
+
+
+def _load_plugins() -> None:
+    for ep in entry_points(group="lightning_store.commands"):
+        try:
+            target = ep.load()
+        except Exception as exc:
+            logger.warning("cannot load command %r from entry point group lightning_store.commands: %s", ep.name, exc)
+            continue
+        if isinstance(target, typer.Typer):
+            app.add_typer(target, name=ep.name)
+        else:
+            app.command(name=ep.name)(target)
+
+
+def main() -> None:
+    _load_plugins()
+    app()

@@ -1,0 +1,20 @@
+"""Typed store errors. Both subclass ``ValueError``, which the Agent Lightning contract raises."""
+
+from __future__ import annotations
+
+
+class StoreError(ValueError):
+    """Base of the errors a store raises for a caller's mistake. ``field`` names the offending input."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class NotFoundError(StoreError):
+    """An id (rollout, attempt, resources) names nothing in the store."""
+
+
+class InvalidRequestError(StoreError):
+    """An argument is malformed or asks for a transition the store does not allow."""

@@ -1,0 +1,142 @@
+"""Rollouts, attempts, workers and their statuses.
+
+Names and semantics follow the Agent Lightning 0.3 ``LightningStore`` data model, so that objects serialize to
+the same JSON on the wire. Timestamps are seconds since the epoch (floats).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, Generic, Literal, TypeVar, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+RolloutStatus = Literal["queuing", "preparing", "running", "failed", "succeeded", "cancelled", "requeuing"]
+AttemptStatus = Literal["preparing", "running", "failed", "succeeded", "unresponsive", "timeout"]
+RolloutMode = Literal["train", "val", "test"]
+WorkerStatus = Literal["idle", "busy", "unknown"]
+SortOrder = Literal["asc", "desc"]
+FilterLogic = Literal["and", "or"]
+
+ROLLOUT_STATUSES: tuple[str, ...] = get_args(RolloutStatus)
+ATTEMPT_STATUSES: tuple[str, ...] = get_args(AttemptStatus)
+WORKER_STATUSES: tuple[str, ...] = get_args(WorkerStatus)
+ROLLOUT_MODES: tuple[str, ...] = get_args(RolloutMode)
+
+QUEUED_ROLLOUT_STATUSES: tuple[RolloutStatus, ...] = ("queuing", "requeuing")
+"""A rollout is in the queue exactly when its status is one of these (the queue is not a separate list)."""
+ACTIVE_ROLLOUT_STATUSES: tuple[RolloutStatus, ...] = ("preparing", "running")
+"""Rollouts the watchdog inspects: claimed by a worker and not finished."""
+TERMINAL_ROLLOUT_STATUSES: tuple[RolloutStatus, ...] = ("succeeded", "failed", "cancelled")
+ENDED_ATTEMPT_STATUSES: tuple[AttemptStatus, ...] = ("succeeded", "failed", "timeout")
+"""Attempt statuses that stamp ``end_time``; an ``unresponsive`` attempt may still come back."""
+
+TaskInput = Any
+
+
+class RolloutConfig(BaseModel):
+    """Retry and health policy of one rollout."""
+
+    timeout_seconds: float | None = Field(default=None, gt=0, description="Longest an attempt may run.")
+    unresponsive_seconds: float | None = Field(
+        default=None, gt=0, description="Longest an attempt may go without a heartbeat or span."
+    )
+    max_attempts: int = Field(default=1, ge=1, description="Attempts allowed in total, the first included.")
+    retry_condition: list[AttemptStatus] = Field(
+        default_factory=list, description="Attempt statuses that trigger a retry while attempts remain."
+    )
+
+
+class Attempt(BaseModel):
+    """One execution of a rollout by a worker."""
+
+    rollout_id: str
+    attempt_id: str
+    sequence_id: int
+    start_time: float
+    end_time: float | None = None
+    status: AttemptStatus = "preparing"
+    worker_id: str | None = None
+    last_heartbeat_time: float | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class Rollout(BaseModel):
+    """A unit of work: one task input run by an agent, possibly over several attempts."""
+
+    rollout_id: str
+    input: TaskInput
+    start_time: float
+    end_time: float | None = None
+    mode: RolloutMode | None = None
+    resources_id: str | None = None
+    status: RolloutStatus = "queuing"
+    config: RolloutConfig = Field(default_factory=RolloutConfig)
+    metadata: dict[str, Any] | None = None
+
+
+class AttemptedRollout(Rollout):
+    """A rollout together with its latest attempt."""
+
+    attempt: Attempt
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> AttemptedRollout:
+        if self.attempt.rollout_id != self.rollout_id:
+            raise ValueError("Inconsistent rollout_id between Rollout and Attempt")
+        return self
+
+
+class EnqueueRolloutRequest(BaseModel):
+    """What a caller supplies to enqueue a rollout.
+
+    ``rollout_id`` is an addition to the Agent Lightning request: when given, enqueueing is idempotent (a second
+    enqueue with the same id returns the stored rollout and changes nothing).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    input: TaskInput
+    mode: RolloutMode | None = None
+    resources_id: str | None = None
+    config: RolloutConfig | None = None
+    metadata: dict[str, Any] | None = None
+    rollout_id: str | None = Field(default=None, min_length=1, max_length=128)
+
+
+class Worker(BaseModel):
+    """A runner worker as the store sees it, driven by dequeues, attempt updates and heartbeats."""
+
+    worker_id: str
+    status: WorkerStatus = "unknown"
+    heartbeat_stats: dict[str, Any] | None = None
+    last_heartbeat_time: float | None = None
+    last_dequeue_time: float | None = None
+    last_busy_time: float | None = None
+    last_idle_time: float | None = None
+    current_rollout_id: str | None = None
+    current_attempt_id: str | None = None
+
+
+T = TypeVar("T")
+
+
+class PaginatedResult(BaseModel, Sequence[T], Generic[T]):  # type: ignore[misc]
+    """A page of query results that also behaves as a sequence of its items.
+
+    ``total`` counts every match, ignoring ``limit`` and ``offset``; ``limit == -1`` means unlimited.
+    """
+
+    items: list[T]
+    limit: int
+    offset: int
+    total: int
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.items[index]
+
+    def __iter__(self) -> Iterator[T]:  # type: ignore[override]
+        return iter(self.items)

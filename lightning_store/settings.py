@@ -1,0 +1,43 @@
+"""Configuration: argument > environment (``LIGHTNING_STORE_*``) > default.
+
+Every field is documented in ``docs/reference/env.md``; keep the two in step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./lightning_store.db"
+
+
+class StoreSettings(BaseSettings):
+    """Settings of the SQL store."""
+
+    model_config = SettingsConfigDict(env_prefix="LIGHTNING_STORE_", extra="ignore")
+
+    database_url: str = Field(
+        default=DEFAULT_DATABASE_URL,
+        description="SQLAlchemy URL: sqlite+aiosqlite:///path.db or postgresql+asyncpg://user@host/db.",
+    )
+    migrate_on_start: bool | None = Field(
+        default=None,
+        description="Upgrade the schema when the store opens. Default: on for SQLite, off for Postgres.",
+    )
+    watchdog_interval: float = Field(
+        default=5.0, ge=0, description="Seconds between watchdog scans for timed-out attempts; 0 disables it."
+    )
+    sqlite_poll_interval: float = Field(
+        default=0.05, gt=0, description="How often waits re-check an SQLite database other processes write."
+    )
+    postgres_poll_interval: float = Field(
+        default=1.0, gt=0, description="Safety re-check interval of waits on Postgres (NOTIFY wakes them first)."
+    )
+    pool_size: int = Field(default=10, ge=1, description="Database connections kept per process (Postgres).")
+
+
+def load_settings(**overrides: Any) -> StoreSettings:
+    """Settings from the environment, with explicit arguments (those not ``None``) taking precedence."""
+    return StoreSettings(**{k: v for k, v in overrides.items() if v is not None})

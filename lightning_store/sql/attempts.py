@@ -1,0 +1,121 @@
+"""Attempt methods of the SQL store."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from lightning_store.contract import UNSET, Unset
+from lightning_store.errors import NotFoundError
+from lightning_store.models import ATTEMPT_STATUSES, Attempt, AttemptStatus, PaginatedResult, RolloutConfig, SortOrder
+from lightning_store.sql import transitions, validate
+from lightning_store.sql.base import SqlBase
+from lightning_store.sql.paging import fetch_page
+from lightning_store.sql.rows import attempt_from_row
+from lightning_store.sql.schema import attempts
+
+ATTEMPT_SORTABLE = ("sequence_id", "attempt_id", "start_time", "end_time", "status", "worker_id",
+                    "last_heartbeat_time")
+
+
+class AttemptOps(SqlBase):
+    async def _latest_attempts(self, conn: AsyncConnection, rollout_ids: Sequence[str]) -> dict[str, Attempt]:
+        """The latest attempt of each rollout that has one, in one query."""
+        if not rollout_ids:
+            return {}
+        later = attempts.alias("later")
+        query = sa.select(attempts).where(
+            attempts.c.rollout_id.in_(set(rollout_ids)),
+            ~sa.exists().where(
+                later.c.rollout_id == attempts.c.rollout_id, later.c.sequence_id > attempts.c.sequence_id
+            ),
+        )
+        return {row["rollout_id"]: attempt_from_row(row) for row in (await conn.execute(query)).mappings()}
+
+    async def _require_rollout(self, conn: AsyncConnection, rollout_id: str) -> None:
+        from lightning_store.sql.schema import rollouts
+
+        found = await conn.execute(sa.select(rollouts.c.pk).where(rollouts.c.rollout_id == rollout_id))
+        if found.first() is None:
+            raise NotFoundError(f"rollout {rollout_id!r} not found", field="rollout_id")
+
+    async def query_attempts(
+        self,
+        rollout_id: str,
+        *,
+        sort_by: str | None = "sequence_id",
+        sort_order: SortOrder = "asc",
+        limit: int = -1,
+        offset: int = 0,
+    ) -> PaginatedResult[Attempt]:
+        async with self._read() as conn:
+            await self._require_rollout(conn, rollout_id)
+            rows, total = await fetch_page(
+                conn, sa.select(attempts).where(attempts.c.rollout_id == rollout_id), table=attempts,
+                sort_by=sort_by, sort_order=sort_order, sortable=ATTEMPT_SORTABLE, limit=limit, offset=offset,
+                tiebreak=attempts.c.sequence_id,
+            )
+        return PaginatedResult(items=[attempt_from_row(r) for r in rows], limit=limit, offset=offset, total=total)
+
+    async def get_latest_attempt(self, rollout_id: str) -> Attempt | None:
+        async with self._read() as conn:
+            await self._require_rollout(conn, rollout_id)
+            return await transitions.latest_attempt(conn, rollout_id)
+
+    async def update_attempt(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        status: AttemptStatus | Unset = UNSET,
+        worker_id: str | Unset = UNSET,
+        last_heartbeat_time: float | Unset = UNSET,
+        metadata: dict[str, Any] | None | Unset = UNSET,
+    ) -> Attempt:
+        if status is not UNSET:
+            validate.one_of(status, ATTEMPT_STATUSES, "status")
+        now = time.time()
+        async with self._write() as (conn, wakeups):
+            rollout = await transitions.lock_rollout(conn, rollout_id)
+            latest = await transitions.latest_attempt(conn, rollout_id)
+            if attempt_id == "latest":
+                if latest is None:
+                    raise NotFoundError(f"rollout {rollout_id!r} has no attempts", field="attempt_id")
+                attempt = latest
+            else:
+                row = (
+                    await conn.execute(
+                        sa.select(attempts).where(
+                            attempts.c.rollout_id == rollout_id, attempts.c.attempt_id == attempt_id
+                        )
+                    )
+                ).mappings().first()
+                if row is None:
+                    raise NotFoundError(
+                        f"attempt {attempt_id!r} of rollout {rollout_id!r} not found", field="attempt_id"
+                    )
+                attempt = attempt_from_row(row)
+            values: dict[str, Any] = {}
+            if worker_id is not UNSET:
+                values["worker_id"] = worker_id
+            if last_heartbeat_time is not UNSET:
+                values["last_heartbeat_time"] = last_heartbeat_time
+            if metadata is not UNSET:
+                values["metadata"] = metadata
+            if values:
+                await conn.execute(
+                    sa.update(attempts).where(attempts.c.attempt_id == attempt.attempt_id).values(values)
+                )
+                attempt = attempt.model_copy(update=values)
+            if status is not UNSET:
+                attempt = await transitions.set_attempt_status(
+                    conn, wakeups, self.dialect, attempt=attempt, status=status, rollout_status=rollout["status"],
+                    config=RolloutConfig.model_validate(rollout["config"]),
+                    is_latest=latest is not None and latest.attempt_id == attempt.attempt_id, now=now,
+                )
+            elif worker_id is not UNSET:
+                await transitions.sync_worker(conn, self.dialect, attempt, now)
+        return attempt

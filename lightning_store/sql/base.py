@@ -1,0 +1,84 @@
+"""Connection handling shared by the SQL store's method families.
+
+Reads run in plain transactions. Writes run in one transaction each; on SQLite they are also serialized within
+the process (SQLite has one writer; queueing here is cheaper than busy-waiting in the driver) and begin with
+``BEGIN IMMEDIATE``. Postgres writes that wake waiters ``pg_notify`` inside the transaction, so waiters in
+other processes see the change only once it is committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from lightning_store.settings import StoreSettings
+from lightning_store.sql.engine import WRITE_OPTION, is_sqlite
+from lightning_store.sql.notify import TOPICS, Topic, notify_clause
+
+
+@dataclass
+class Wakeups:
+    """Topics a write transaction wants signalled once it has committed."""
+
+    topics: set[str] = field(default_factory=set)
+
+    def add(self, topic: str) -> None:
+        self.topics.add(topic)
+
+
+class SqlBase:
+    """State and transaction helpers; see :class:`lightning_store.sql.store.SqlStore` for the public API."""
+
+    def __init__(self, engine: AsyncEngine, url: URL, settings: StoreSettings) -> None:
+        self.engine = engine
+        self.url = url
+        self.settings = settings
+        self.dialect = engine.dialect.name
+        self.is_sqlite = is_sqlite(url)
+        self.topics = {name: Topic() for name in TOPICS}
+        self._write_lock = asyncio.Lock()
+        self._started_at = time.time()
+
+    @property
+    def poll_interval(self) -> float:
+        """How long a waiter sleeps before re-checking when no wake-up came."""
+        if self.is_sqlite:
+            return self.settings.sqlite_poll_interval
+        return self.settings.postgres_poll_interval
+
+    @contextlib.asynccontextmanager
+    async def _read(self) -> AsyncIterator[AsyncConnection]:
+        async with self.engine.connect() as conn, conn.begin():
+            yield conn
+
+    @contextlib.asynccontextmanager
+    async def _write(self) -> AsyncIterator[tuple[AsyncConnection, Wakeups]]:
+        """A write transaction; topics added to the yielded ``Wakeups`` are signalled after commit."""
+        wakeups = Wakeups()
+        lock = self._write_lock if self.is_sqlite else contextlib.nullcontext()
+        async with lock:
+            async with self.engine.connect() as conn:
+                await conn.execution_options(**{WRITE_OPTION: True})
+                async with conn.begin():
+                    yield conn, wakeups
+                    if not self.is_sqlite:
+                        for topic in sorted(wakeups.topics):
+                            await conn.execute(notify_clause(topic))
+        for topic in wakeups.topics:
+            self.topics[topic].signal()
+
+    async def _wait_for_change(self, topic: str, deadline: float | None) -> bool:
+        """Sleep until ``topic`` is signalled, the poll interval passes, or ``deadline``; ``False`` once past
+        the deadline."""
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            return False
+        step = self.poll_interval if remaining is None else min(self.poll_interval, remaining)
+        await self.topics[topic].wait(step)
+        return True

@@ -1,0 +1,68 @@
+"""Sorting and pagination shared by every query method, with the argument checks the contract promises."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from lightning_store.errors import InvalidRequestError
+
+
+def check_page(limit: int, offset: int) -> None:
+    if limit < -1:
+        raise InvalidRequestError("limit must be -1 (no limit) or a non-negative integer", field="limit")
+    if offset < 0:
+        raise InvalidRequestError("offset must be a non-negative integer", field="offset")
+
+
+def sort_column(table: sa.Table, sort_by: str | None, sortable: Sequence[str]) -> sa.Column[Any] | None:
+    if sort_by is None:
+        return None
+    if sort_by not in sortable:
+        raise InvalidRequestError(
+            f"cannot sort by {sort_by!r}; choose one of: {', '.join(sortable)}", field="sort_by"
+        )
+    return table.c[sort_by]
+
+
+def check_sort_order(sort_order: str) -> None:
+    if sort_order not in ("asc", "desc"):
+        raise InvalidRequestError("sort_order must be 'asc' or 'desc'", field="sort_order")
+
+
+async def fetch_page(
+    conn: AsyncConnection,
+    query: sa.Select[Any],
+    *,
+    table: sa.Table,
+    sort_by: str | None,
+    sort_order: str,
+    sortable: Sequence[str],
+    limit: int,
+    offset: int,
+    tiebreak: sa.Column[Any],
+) -> tuple[list[sa.RowMapping], int]:
+    """Rows of one page and the total number of matches. Ordering is deterministic (``tiebreak`` last)."""
+    check_page(limit, offset)
+    check_sort_order(sort_order)
+    column = sort_column(table, sort_by, sortable)
+    total = (await conn.execute(sa.select(sa.func.count()).select_from(query.subquery()))).scalar_one()
+    order = [] if column is None else [column.desc() if sort_order == "desc" else column.asc()]
+    query = query.order_by(*order, tiebreak.desc() if sort_order == "desc" and column is not None else tiebreak)
+    if limit >= 0:
+        query = query.limit(limit)
+    if offset:
+        query = query.offset(offset)
+    rows = list((await conn.execute(query)).mappings())
+    return rows, total
+
+
+def combine(conditions: list[sa.ColumnElement[bool]], logic: str) -> sa.ColumnElement[bool] | None:
+    if logic not in ("and", "or"):
+        raise InvalidRequestError("filter_logic must be 'and' or 'or'", field="filter_logic")
+    if not conditions:
+        return None
+    return sa.and_(*conditions) if logic == "and" else sa.or_(*conditions)

@@ -1,0 +1,110 @@
+"""Resources methods of the SQL store: versioned named snapshots; the latest is the most recently written."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import sqlalchemy as sa
+from pydantic import TypeAdapter, ValidationError
+
+from lightning_store.errors import InvalidRequestError
+from lightning_store.models import PaginatedResult, SortOrder
+from lightning_store.resources import NamedResources, ResourcesUpdate
+from lightning_store.sql import validate
+from lightning_store.sql.base import SqlBase
+from lightning_store.sql.dialect import contains_text
+from lightning_store.sql.paging import fetch_page
+from lightning_store.sql.rows import new_id, resources_from_row
+from lightning_store.sql.schema import resources
+
+RESOURCES_SORTABLE = ("resources_id", "create_time", "update_time", "version")
+_named_resources: TypeAdapter[NamedResources] = TypeAdapter(NamedResources)
+
+
+def _checked(value: Any) -> dict[str, Any]:
+    """The snapshot as JSON, after checking that each entry is a known resource type."""
+    if isinstance(value, dict):
+        value = {k: v.model_dump() if hasattr(v, "model_dump") else v for k, v in value.items()}
+    try:
+        parsed = _named_resources.validate_python(value)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        path = ".".join(str(p) for p in ("resources", *error["loc"]))
+        raise InvalidRequestError(f"{path}: {error['msg']}", field=path) from None
+    dumped: dict[str, Any] = _named_resources.dump_python(parsed, mode="json")
+    return dumped
+
+
+class ResourceOps(SqlBase):
+    async def add_resources(self, resources_: NamedResources) -> ResourcesUpdate:
+        payload = _checked(resources_)
+        now = time.time()
+        row = {"resources_id": new_id("rs"), "create_time": now, "update_time": now, "version": 1,
+               "resources": payload}
+        async with self._write() as (conn, _):
+            await conn.execute(sa.insert(resources).values(row))
+        return ResourcesUpdate.model_validate(row)
+
+    async def update_resources(self, resources_id: str, resources_: NamedResources) -> ResourcesUpdate:
+        validate.non_empty_id(resources_id, "resources_id")
+        payload = _checked(resources_)
+        now = time.time()
+        async with self._write() as (conn, _):
+            existing = (
+                await conn.execute(
+                    sa.select(resources).where(resources.c.resources_id == resources_id).with_for_update()
+                )
+            ).mappings().first()
+            if existing is None:
+                await conn.execute(
+                    sa.insert(resources).values(
+                        resources_id=resources_id, create_time=now, update_time=now, version=1, resources=payload
+                    )
+                )
+            else:
+                await conn.execute(
+                    sa.update(resources)
+                    .where(resources.c.resources_id == resources_id)
+                    .values(update_time=now, version=resources.c.version + 1, resources=payload)
+                )
+            row = (await conn.execute(sa.select(resources).where(resources.c.resources_id == resources_id)))
+            return resources_from_row(row.mappings().one())
+
+    async def get_resources_by_id(self, resources_id: str) -> ResourcesUpdate | None:
+        async with self._read() as conn:
+            row = (
+                await conn.execute(sa.select(resources).where(resources.c.resources_id == resources_id))
+            ).mappings().first()
+        return None if row is None else resources_from_row(row)
+
+    async def get_latest_resources(self) -> ResourcesUpdate | None:
+        async with self._read() as conn:
+            row = (
+                await conn.execute(
+                    sa.select(resources).order_by(resources.c.update_time.desc(), resources.c.pk.desc()).limit(1)
+                )
+            ).mappings().first()
+        return None if row is None else resources_from_row(row)
+
+    async def query_resources(
+        self,
+        *,
+        resources_id: str | None = None,
+        resources_id_contains: str | None = None,
+        sort_by: str | None = None,
+        sort_order: SortOrder = "asc",
+        limit: int = -1,
+        offset: int = 0,
+    ) -> PaginatedResult[ResourcesUpdate]:
+        query = sa.select(resources)
+        if resources_id is not None:
+            query = query.where(resources.c.resources_id == resources_id)
+        if resources_id_contains is not None:
+            query = query.where(contains_text(resources.c.resources_id, resources_id_contains))
+        async with self._read() as conn:
+            rows, total = await fetch_page(
+                conn, query, table=resources, sort_by=sort_by, sort_order=sort_order, sortable=RESOURCES_SORTABLE,
+                limit=limit, offset=offset, tiebreak=resources.c.pk,
+            )
+        return PaginatedResult(items=[resources_from_row(r) for r in rows], limit=limit, offset=offset, total=total)

@@ -1,0 +1,346 @@
+"""Rollout methods of the SQL store: enqueue, the transactional claim, updates, queries and waits."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from lightning_store.contract import UNSET, Unset
+from lightning_store.errors import NotFoundError
+from lightning_store.models import (
+    ROLLOUT_MODES,
+    ROLLOUT_STATUSES,
+    TERMINAL_ROLLOUT_STATUSES,
+    AttemptedRollout,
+    EnqueueRolloutRequest,
+    FilterLogic,
+    PaginatedResult,
+    Rollout,
+    RolloutConfig,
+    RolloutMode,
+    RolloutStatus,
+    SortOrder,
+    TaskInput,
+)
+from lightning_store.sql import transitions, validate
+from lightning_store.sql.attempts import AttemptOps
+from lightning_store.sql.dialect import contains_text, insert_ignoring_conflicts, json_matches
+from lightning_store.sql.paging import combine, fetch_page
+from lightning_store.sql.rows import new_id, rollout_from_row
+from lightning_store.sql.schema import QUEUED, attempts, resources, rollouts
+from lightning_store.sql.workers import WorkerOps
+
+ROLLOUT_SORTABLE = ("rollout_id", "start_time", "end_time", "status", "mode", "resources_id")
+
+
+class RolloutOps(AttemptOps, WorkerOps):
+    async def enqueue_rollout(
+        self,
+        input: TaskInput,
+        mode: RolloutMode | None = None,
+        resources_id: str | None = None,
+        config: RolloutConfig | None = None,
+        metadata: dict[str, Any] | None = None,
+        *,
+        rollout_id: str | None = None,
+    ) -> Rollout:
+        request = validate.model(
+            EnqueueRolloutRequest,
+            {"input": input, "mode": mode, "resources_id": resources_id, "config": config,
+             "metadata": metadata, "rollout_id": rollout_id},
+            "rollout",
+        )
+        return (await self.enqueue_many_rollouts([request]))[0]
+
+    async def enqueue_many_rollouts(self, rollouts_: Sequence[EnqueueRolloutRequest]) -> Sequence[Rollout]:
+        requests = [validate.model(EnqueueRolloutRequest, r, f"rollouts.{i}") for i, r in enumerate(rollouts_)]
+        if not requests:
+            return []
+        now = time.time()
+        async with self._write() as (conn, wakeups):
+            default_resources = await self._resolve_resources(conn, requests)
+            rows = [
+                {
+                    "rollout_id": r.rollout_id or new_id("ro"),
+                    "input": r.input,
+                    "start_time": now,
+                    "mode": r.mode,
+                    "resources_id": r.resources_id or default_resources,
+                    "status": "queuing",
+                    "config": (r.config or RolloutConfig()).model_dump(mode="json"),
+                    "metadata": dict(r.metadata) if r.metadata is not None else {},
+                    "enqueue_time": now,
+                }
+                for r in requests
+            ]
+            stmt = insert_ignoring_conflicts(self.dialect, rollouts, ["rollout_id"])
+            await conn.execute(stmt, rows)
+            ids = [row["rollout_id"] for row in rows]
+            stored = await self._rollouts_by_id(conn, ids)
+            wakeups.add("queue")
+        return [stored[rollout_id] for rollout_id in ids]
+
+    async def _resolve_resources(self, conn: AsyncConnection, requests: list[EnqueueRolloutRequest]) -> str | None:
+        """Check that named resources exist; return the latest snapshot's id for requests that name none."""
+        named = {r.resources_id for r in requests if r.resources_id is not None}
+        if named:
+            found = set(
+                (await conn.execute(sa.select(resources.c.resources_id).where(resources.c.resources_id.in_(named))))
+                .scalars()
+            )
+            for i, r in enumerate(requests):
+                if r.resources_id not in found and r.resources_id is not None:
+                    field = "resources_id" if len(requests) == 1 else f"rollouts.{i}.resources_id"
+                    raise NotFoundError(f"resources {r.resources_id!r} not found", field=field)
+        if all(r.resources_id is not None for r in requests):
+            return None
+        latest = await conn.execute(
+            sa.select(resources.c.resources_id).order_by(resources.c.update_time.desc(), resources.c.pk.desc()).limit(1)
+        )
+        return latest.scalar_one_or_none()
+
+    async def start_rollout(
+        self,
+        input: TaskInput,
+        mode: RolloutMode | None = None,
+        resources_id: str | None = None,
+        config: RolloutConfig | None = None,
+        metadata: dict[str, Any] | None = None,
+        worker_id: str | None = None,
+    ) -> AttemptedRollout:
+        request = validate.model(
+            EnqueueRolloutRequest,
+            {"input": input, "mode": mode, "resources_id": resources_id, "config": config, "metadata": metadata},
+            "rollout",
+        )
+        now = time.time()
+        async with self._write() as (conn, _):
+            default_resources = await self._resolve_resources(conn, [request])
+            rollout_id = new_id("ro")
+            await conn.execute(
+                sa.insert(rollouts).values(
+                    rollout_id=rollout_id,
+                    input=request.input,
+                    start_time=now,
+                    mode=request.mode,
+                    resources_id=request.resources_id or default_resources,
+                    status="preparing",
+                    config=(request.config or RolloutConfig()).model_dump(mode="json"),
+                    metadata=dict(request.metadata) if request.metadata is not None else {},
+                )
+            )
+            attempt = await transitions.create_attempt(conn, rollout_id, worker_id, now, sequence_id=1)
+            await transitions.sync_worker(conn, self.dialect, attempt, now)
+            row = await transitions.lock_rollout(conn, rollout_id)
+        result = rollout_from_row(row, attempt)
+        assert isinstance(result, AttemptedRollout)
+        return result
+
+    async def dequeue_rollout(
+        self, worker_id: str | None = None, *, timeout: float | None = None
+    ) -> AttemptedRollout | None:
+        claimed = await self.dequeue_many_rollouts(limit=1, worker_id=worker_id, timeout=timeout)
+        return claimed[0] if claimed else None
+
+    async def dequeue_many_rollouts(
+        self, *, limit: int = 1, worker_id: str | None = None, timeout: float | None = None
+    ) -> Sequence[AttemptedRollout]:
+        if limit <= 0:
+            return []
+        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+        claimed = await self._claim(limit, worker_id, mark_idle=True)
+        # Blocking: sleep until an enqueue wakes us (or the poll interval passes), then claim only when a cheap
+        # read sees work, so that idle waiters take no write lock.
+        while not claimed and deadline is not None and await self._wait_for_change("queue", deadline):
+            if await self._queue_has_work():
+                claimed = await self._claim(limit, worker_id, mark_idle=False)
+        return claimed
+
+    async def _queue_has_work(self) -> bool:
+        async with self._read() as conn:
+            found = await conn.execute(sa.select(rollouts.c.pk).where(sa.text(QUEUED)).limit(1))
+            return found.first() is not None
+
+    async def _claim(self, limit: int, worker_id: str | None, *, mark_idle: bool) -> list[AttemptedRollout]:
+        """Pop up to ``limit`` rollouts and create their attempts in one transaction."""
+        now = time.time()
+        async with self._write() as (conn, _):
+            # The partial index ix_rollouts_queue covers exactly this predicate (a literal, so the planner can
+            # match it). SKIP LOCKED lets concurrent claimers take the next rows instead of waiting for ours;
+            # a row we lock is never handed to anyone else, and the attempt is created before commit.
+            rows = list(
+                (
+                    await conn.execute(
+                        sa.select(rollouts)
+                        .where(sa.text(QUEUED))
+                        .order_by(rollouts.c.enqueue_time, rollouts.c.pk)
+                        .limit(limit)
+                        .with_for_update(skip_locked=True)
+                    )
+                ).mappings()
+            )
+            if not rows:
+                if worker_id and mark_idle:
+                    await self._mark_worker_idle(conn, worker_id, now)
+                return []
+            ids = [row["rollout_id"] for row in rows]
+            await conn.execute(
+                sa.update(rollouts).where(rollouts.c.rollout_id.in_(ids)).values(status="preparing")
+            )
+            counts = dict(
+                (
+                    await conn.execute(
+                        sa.select(attempts.c.rollout_id, sa.func.max(attempts.c.sequence_id))
+                        .where(attempts.c.rollout_id.in_(ids))
+                        .group_by(attempts.c.rollout_id)
+                    )
+                ).all()
+            )
+            claimed: list[AttemptedRollout] = []
+            for row in rows:
+                sequence_id = int(counts.get(row["rollout_id"]) or 0) + 1
+                attempt = await transitions.create_attempt(conn, row["rollout_id"], worker_id, now, sequence_id)
+                result = rollout_from_row({**row, "status": "preparing"}, attempt)  # type: ignore[arg-type]
+                assert isinstance(result, AttemptedRollout)
+                claimed.append(result)
+            await transitions.sync_worker(conn, self.dialect, claimed[-1].attempt, now, dequeued=True)
+        return claimed
+
+    async def start_attempt(self, rollout_id: str, worker_id: str | None = None) -> AttemptedRollout:
+        now = time.time()
+        async with self._write() as (conn, _):
+            row = await transitions.lock_rollout(conn, rollout_id)
+            attempt = await transitions.create_attempt(conn, rollout_id, worker_id, now)
+            await conn.execute(
+                sa.update(rollouts).where(rollouts.c.rollout_id == rollout_id).values(status="preparing", end_time=None)
+            )
+            await transitions.sync_worker(conn, self.dialect, attempt, now)
+        result = rollout_from_row({**row, "status": "preparing", "end_time": None}, attempt)  # type: ignore[arg-type]
+        assert isinstance(result, AttemptedRollout)
+        return result
+
+    async def get_rollout_by_id(self, rollout_id: str) -> Rollout | None:
+        async with self._read() as conn:
+            return (await self._rollouts_by_id(conn, [rollout_id])).get(rollout_id)
+
+    async def _rollouts_by_id(self, conn: AsyncConnection, ids: Sequence[str]) -> dict[str, Rollout]:
+        rows = list((await conn.execute(sa.select(rollouts).where(rollouts.c.rollout_id.in_(set(ids))))).mappings())
+        latest = await self._latest_attempts(conn, [row["rollout_id"] for row in rows])
+        return {row["rollout_id"]: rollout_from_row(row, latest.get(row["rollout_id"])) for row in rows}
+
+    async def query_rollouts(
+        self,
+        *,
+        status_in: Sequence[RolloutStatus] | None = None,
+        rollout_id_in: Sequence[str] | None = None,
+        rollout_id_contains: str | None = None,
+        filter_logic: FilterLogic = "and",
+        sort_by: str | None = None,
+        sort_order: SortOrder = "asc",
+        limit: int = -1,
+        offset: int = 0,
+        status: Sequence[RolloutStatus] | None = None,
+        rollout_ids: Sequence[str] | None = None,
+        mode_in: Sequence[RolloutMode] | None = None,
+        metadata_match: dict[str, Any] | None = None,
+        start_time_from: float | None = None,
+        start_time_to: float | None = None,
+    ) -> PaginatedResult[Rollout]:
+        status_in = status_in if status_in is not None else status
+        rollout_id_in = rollout_id_in if rollout_id_in is not None else rollout_ids
+        validate.all_of(status_in, ROLLOUT_STATUSES, "status_in")
+        validate.all_of(mode_in, ROLLOUT_MODES, "mode_in")
+        optional: list[sa.ColumnElement[bool]] = []
+        if status_in is not None:
+            optional.append(rollouts.c.status.in_(list(status_in)))
+        if rollout_id_in is not None:
+            optional.append(rollouts.c.rollout_id.in_(list(rollout_id_in)))
+        if rollout_id_contains is not None:
+            optional.append(contains_text(rollouts.c.rollout_id, rollout_id_contains))
+        required: list[sa.ColumnElement[bool]] = []
+        if mode_in is not None:
+            required.append(rollouts.c.mode.in_(list(mode_in)))
+        for key, value in (metadata_match or {}).items():
+            required.append(json_matches(self.dialect, rollouts.c.metadata, key, value))
+        if start_time_from is not None:
+            required.append(rollouts.c.start_time >= start_time_from)
+        if start_time_to is not None:
+            required.append(rollouts.c.start_time < start_time_to)
+        query = sa.select(rollouts)
+        combined = combine(optional, filter_logic)
+        for condition in [*required, *([] if combined is None else [combined])]:
+            query = query.where(condition)
+        async with self._read() as conn:
+            rows, total = await fetch_page(
+                conn, query, table=rollouts, sort_by=sort_by, sort_order=sort_order,
+                sortable=ROLLOUT_SORTABLE, limit=limit, offset=offset, tiebreak=rollouts.c.pk,
+            )
+            latest = await self._latest_attempts(conn, [row["rollout_id"] for row in rows])
+        items = [rollout_from_row(row, latest.get(row["rollout_id"])) for row in rows]
+        return PaginatedResult(items=items, limit=limit, offset=offset, total=total)
+
+    async def update_rollout(
+        self,
+        rollout_id: str,
+        input: TaskInput | Unset = UNSET,
+        mode: RolloutMode | None | Unset = UNSET,
+        resources_id: str | None | Unset = UNSET,
+        status: RolloutStatus | Unset = UNSET,
+        config: RolloutConfig | Unset = UNSET,
+        metadata: dict[str, Any] | None | Unset = UNSET,
+    ) -> Rollout:
+        values: dict[str, Any] = {}
+        if input is not UNSET:
+            values["input"] = input
+        if mode is not UNSET:
+            if mode is not None:
+                validate.one_of(mode, ROLLOUT_MODES, "mode")
+            values["mode"] = mode
+        if resources_id is not UNSET:
+            values["resources_id"] = resources_id
+        if config is not UNSET:
+            values["config"] = validate.model(RolloutConfig, config, "config").model_dump(mode="json")
+        if metadata is not UNSET:
+            values["metadata"] = metadata
+        now = time.time()
+        async with self._write() as (conn, wakeups):
+            await transitions.lock_rollout(conn, rollout_id)
+            if status is not UNSET:
+                validate.one_of(status, ROLLOUT_STATUSES, "status")
+                values.update(transitions.rollout_status_values(status, now))
+                transitions.wake_for_status(wakeups, status)
+            if isinstance(resources_id, str):
+                found = await conn.execute(sa.select(resources.c.pk).where(resources.c.resources_id == resources_id))
+                if found.first() is None:
+                    raise NotFoundError(f"resources {resources_id!r} not found", field="resources_id")
+            if values:
+                await conn.execute(sa.update(rollouts).where(rollouts.c.rollout_id == rollout_id).values(values))
+            updated = (await self._rollouts_by_id(conn, [rollout_id]))[rollout_id]
+        return updated
+
+    async def wait_for_rollouts(self, *, rollout_ids: list[str], timeout: float | None = None) -> list[Rollout]:
+        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+        wanted = list(dict.fromkeys(rollout_ids))
+        while True:
+            async with self._read() as conn:
+                rows = list(
+                    (
+                        await conn.execute(
+                            sa.select(rollouts.c.rollout_id, rollouts.c.status).where(
+                                rollouts.c.rollout_id.in_(wanted)
+                            )
+                        )
+                    ).all()
+                )
+                missing = set(wanted) - {rollout_id for rollout_id, _ in rows}
+                if missing:
+                    raise NotFoundError(f"rollouts not found: {', '.join(sorted(missing))}", field="rollout_ids")
+                done = [rollout_id for rollout_id, status in rows if status in TERMINAL_ROLLOUT_STATUSES]
+                if len(done) == len(wanted) or (deadline is not None and time.monotonic() >= deadline):
+                    stored = await self._rollouts_by_id(conn, done)
+                    return [stored[rollout_id] for rollout_id in wanted if rollout_id in stored]
+            await self._wait_for_change("done", deadline)

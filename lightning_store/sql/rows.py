@@ -1,0 +1,57 @@
+"""Conversions between table rows and models."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import sqlalchemy as sa
+
+from lightning_store.models import Attempt, AttemptedRollout, Rollout, RolloutConfig, Worker
+from lightning_store.resources import ResourcesUpdate
+from lightning_store.spans import Span
+
+ROLLOUT_COLUMNS = ("rollout_id", "input", "start_time", "end_time", "mode", "resources_id", "status", "metadata")
+ATTEMPT_COLUMNS = tuple(Attempt.model_fields)
+WORKER_COLUMNS = tuple(Worker.model_fields)
+SPAN_COLUMNS = tuple(Span.model_fields)
+
+
+def new_id(prefix: str, nbytes: int = 6) -> str:
+    """Random ids in the Agent Lightning style: ``ro-`` rollouts, ``at-`` attempts, ``rs-`` resources."""
+    return f"{prefix}-{secrets.token_hex(nbytes)}"
+
+
+def rollout_from_row(row: sa.RowMapping, attempt: Attempt | None = None) -> Rollout:
+    fields: dict[str, Any] = {name: row[name] for name in ROLLOUT_COLUMNS}
+    fields["config"] = RolloutConfig.model_validate(row["config"])
+    if attempt is None:
+        return Rollout.model_validate(fields)
+    return AttemptedRollout.model_validate({**fields, "attempt": attempt})
+
+
+def attempt_from_row(row: sa.RowMapping, prefix: str = "") -> Attempt:
+    return Attempt.model_validate({name: row[prefix + name] for name in ATTEMPT_COLUMNS})
+
+
+def worker_from_row(row: sa.RowMapping) -> Worker:
+    return Worker.model_validate({name: row[name] for name in WORKER_COLUMNS})
+
+
+def resources_from_row(row: sa.RowMapping) -> ResourcesUpdate:
+    return ResourcesUpdate.model_validate(
+        {name: row[name] for name in ("resources_id", "create_time", "update_time", "version", "resources")}
+    )
+
+
+def span_to_row(span: Span) -> dict[str, Any]:
+    data = span.model_dump(mode="json")
+    row = {name: data.pop(name) for name in SPAN_COLUMNS}
+    row["extra"] = data or None
+    return row
+
+
+def span_from_row(row: sa.RowMapping) -> Span:
+    data: dict[str, Any] = dict(row["extra"] or {})
+    data.update({name: row[name] for name in SPAN_COLUMNS})
+    return Span.model_validate(data)

@@ -1,0 +1,96 @@
+"""The SQL store: every method of the contract over one database, plus its background tasks."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL
+
+from lightning_store.contract import StoreStatistics
+from lightning_store.migrate import upgrade
+from lightning_store.settings import StoreSettings, load_settings
+from lightning_store.sql.base import SqlBase
+from lightning_store.sql.engine import make_engine, normalize_url
+from lightning_store.sql.notify import PostgresListener
+from lightning_store.sql.resources import ResourceOps
+from lightning_store.sql.rollouts import RolloutOps
+from lightning_store.sql.schema import attempts, resources, rollouts, spans, workers
+from lightning_store.sql.spans import SpanOps
+from lightning_store.sql.watchdog import WatchdogOps
+
+
+class SqlStore(RolloutOps, SpanOps, ResourceOps, WatchdogOps):
+    """The store contract on Postgres or SQLite. Create it with :func:`open_store`; ``close`` it when done.
+
+    Safe for concurrent use by many tasks of one event loop, and by many processes over the same database.
+    """
+
+    _listener: PostgresListener | None = None
+
+    async def statistics(self) -> StoreStatistics:
+        async with self._read() as conn:
+            totals = {}
+            for name, table in (("rollouts", rollouts), ("attempts", attempts), ("spans", spans),
+                                ("resources", resources), ("workers", workers)):
+                totals[name] = int((await conn.execute(sa.select(sa.func.count()).select_from(table))).scalar_one())
+            by_status = dict(
+                (await conn.execute(sa.select(rollouts.c.status, sa.func.count()).group_by(rollouts.c.status)))
+                .all()
+            )
+        return StoreStatistics(
+            name=type(self).__name__,
+            total_rollouts=totals["rollouts"],
+            total_attempts=totals["attempts"],
+            total_spans=totals["spans"],
+            total_resources=totals["resources"],
+            total_workers=totals["workers"],
+            uptime=time.time() - self._started_at,
+            rollouts_by_status={str(k): int(v) for k, v in by_status.items()},
+        )
+
+    async def start(self, *, watchdog: bool = True) -> None:
+        """Start the background tasks: the Postgres listener and (unless disabled) the watchdog."""
+        if not self.is_sqlite and self._listener is None:
+            self._listener = PostgresListener(self.url, self.topics)
+            self._listener.start()
+        if watchdog:
+            self.start_watchdog(self.settings.watchdog_interval)
+
+    async def close(self) -> None:
+        await self.stop_watchdog()
+        if self._listener is not None:
+            await self._listener.stop()
+            self._listener = None
+        await self.engine.dispose()
+
+
+async def open_store(
+    database_url: str | URL | None = None,
+    *,
+    migrate: bool | None = None,
+    watchdog: bool = True,
+    settings: StoreSettings | None = None,
+    **overrides: Any,
+) -> SqlStore:
+    """Open (and by default start) a store. Arguments win over ``LIGHTNING_STORE_*`` variables.
+
+    ``migrate`` upgrades the schema to the newest revision first; by default it does so on SQLite and not on
+    Postgres (where schema changes should be a deliberate ``store migrate``).
+    """
+    settings = settings or load_settings(database_url=database_url, migrate_on_start=migrate, **overrides)
+    url = normalize_url(settings.database_url)
+    engine = make_engine(url, pool_size=settings.pool_size)
+    store = SqlStore(engine, url, settings)
+    should_migrate = settings.migrate_on_start
+    if should_migrate is None:
+        should_migrate = store.is_sqlite
+    try:
+        if should_migrate:
+            await upgrade(engine)
+        await store.start(watchdog=watchdog)
+    except BaseException:
+        await store.close()
+        raise
+    return store

@@ -1,0 +1,139 @@
+"""State changes shared by several store methods and the watchdog, applied inside a write transaction.
+
+The rules themselves live in :mod:`lightning_store.lifecycle`; this module turns them into SQL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from lightning_store import lifecycle
+from lightning_store.errors import NotFoundError
+from lightning_store.models import (
+    ENDED_ATTEMPT_STATUSES,
+    QUEUED_ROLLOUT_STATUSES,
+    TERMINAL_ROLLOUT_STATUSES,
+    Attempt,
+    AttemptStatus,
+    RolloutConfig,
+    RolloutStatus,
+)
+from lightning_store.sql.base import Wakeups
+from lightning_store.sql.dialect import upsert
+from lightning_store.sql.rows import attempt_from_row, new_id
+from lightning_store.sql.schema import attempts, rollouts, workers
+
+
+async def lock_rollout(conn: AsyncConnection, rollout_id: str) -> sa.RowMapping:
+    """The rollout's row, locked until commit (Postgres; SQLite has a single writer anyway)."""
+    row = (
+        await conn.execute(sa.select(rollouts).where(rollouts.c.rollout_id == rollout_id).with_for_update())
+    ).mappings().first()
+    if row is None:
+        raise NotFoundError(f"rollout {rollout_id!r} not found", field="rollout_id")
+    return row
+
+
+async def latest_attempt(conn: AsyncConnection, rollout_id: str) -> Attempt | None:
+    row = (
+        await conn.execute(
+            sa.select(attempts)
+            .where(attempts.c.rollout_id == rollout_id)
+            .order_by(attempts.c.sequence_id.desc())
+            .limit(1)
+        )
+    ).mappings().first()
+    return None if row is None else attempt_from_row(row)
+
+
+def rollout_status_values(status: RolloutStatus, now: float) -> dict[str, Any]:
+    """Columns that change with a rollout status: terminal stamps ``end_time``, queued moves to the tail."""
+    values: dict[str, Any] = {"status": status}
+    if status in TERMINAL_ROLLOUT_STATUSES:
+        values["end_time"] = now
+    elif status in QUEUED_ROLLOUT_STATUSES:
+        values["enqueue_time"] = now
+        values["end_time"] = None
+    return values
+
+
+def wake_for_status(wakeups: Wakeups, status: str) -> None:
+    if status in TERMINAL_ROLLOUT_STATUSES:
+        wakeups.add("done")
+    elif status in QUEUED_ROLLOUT_STATUSES:
+        wakeups.add("queue")
+
+
+async def set_rollout_status(
+    conn: AsyncConnection, wakeups: Wakeups, rollout_id: str, status: RolloutStatus, now: float
+) -> None:
+    await conn.execute(
+        sa.update(rollouts).where(rollouts.c.rollout_id == rollout_id).values(rollout_status_values(status, now))
+    )
+    wake_for_status(wakeups, status)
+
+
+async def create_attempt(
+    conn: AsyncConnection, rollout_id: str, worker_id: str | None, now: float, sequence_id: int | None = None
+) -> Attempt:
+    """Insert the next attempt of a (locked) rollout."""
+    if sequence_id is None:
+        current = (
+            await conn.execute(
+                sa.select(sa.func.coalesce(sa.func.max(attempts.c.sequence_id), 0)).where(
+                    attempts.c.rollout_id == rollout_id
+                )
+            )
+        ).scalar_one()
+        sequence_id = int(current) + 1
+    attempt = Attempt(
+        rollout_id=rollout_id,
+        attempt_id=new_id("at"),
+        sequence_id=sequence_id,
+        start_time=now,
+        status="preparing",
+        worker_id=worker_id,
+    )
+    await conn.execute(sa.insert(attempts).values(attempt.model_dump()))
+    return attempt
+
+
+async def sync_worker(
+    conn: AsyncConnection, dialect: str, attempt: Attempt, now: float, *, dequeued: bool = False
+) -> None:
+    """Make the attempt's worker (if any) reflect the attempt's status."""
+    if not attempt.worker_id:
+        return
+    values: dict[str, Any] = {"worker_id": attempt.worker_id, **lifecycle.worker_fields_for_attempt(attempt, now)}
+    if dequeued:
+        values["last_dequeue_time"] = now
+    await conn.execute(upsert(dialect, workers, ["worker_id"], values))
+
+
+async def set_attempt_status(
+    conn: AsyncConnection,
+    wakeups: Wakeups,
+    dialect: str,
+    *,
+    attempt: Attempt,
+    status: AttemptStatus,
+    rollout_status: RolloutStatus,
+    config: RolloutConfig,
+    is_latest: bool,
+    now: float,
+) -> Attempt:
+    """Move an attempt to ``status``; when it is the latest, the rollout follows the retry policy."""
+    values: dict[str, Any] = {"status": status}
+    if status in ENDED_ATTEMPT_STATUSES:
+        values["end_time"] = now
+    await conn.execute(sa.update(attempts).where(attempts.c.attempt_id == attempt.attempt_id).values(values))
+    updated = attempt.model_copy(update=values)
+    if is_latest:
+        new_rollout_status = lifecycle.rollout_status_from_attempt(status, attempt.sequence_id, config)
+        if new_rollout_status != rollout_status:
+            await set_rollout_status(conn, wakeups, attempt.rollout_id, new_rollout_status, now)
+    await sync_worker(conn, dialect, updated, now)
+    return updated

@@ -1,0 +1,42 @@
+"""Argument checks that turn a caller's mistake into an ``InvalidRequestError`` naming the field."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from lightning_store.errors import InvalidRequestError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def one_of(value: Any, allowed: tuple[str, ...], field: str) -> None:
+    if value not in allowed:
+        raise InvalidRequestError(f"{field} must be one of {', '.join(allowed)}; got {value!r}", field=field)
+
+
+def all_of(values: Iterable[Any] | None, allowed: tuple[str, ...], field: str) -> None:
+    if values is None:
+        return
+    if isinstance(values, str):
+        raise InvalidRequestError(f"{field} must be a list of statuses, not a string", field=field)
+    for value in values:
+        one_of(value, allowed, field)
+
+
+def model(cls: type[M], value: Any, field: str) -> M:
+    """``value`` as ``cls`` (accepting an instance or a mapping); a validation error names the first bad path."""
+    try:
+        return cls.model_validate(value.model_dump() if isinstance(value, BaseModel) else value)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        path = ".".join(str(part) for part in (field, *error["loc"]))
+        raise InvalidRequestError(f"{path}: {error['msg']}", field=path) from None
+
+
+def non_empty_id(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidRequestError(f"{field} must be a non-empty string", field=field)
+    return value

@@ -1,0 +1,1 @@
+"""Alembic environment and revisions: the only way the store's schema changes."""

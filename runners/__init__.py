@@ -1,0 +1,1 @@
+"""runners: see DESIGN.md. Arrives with its own issue."""
