@@ -22,7 +22,9 @@ logger = logging.getLogger(__name__)
 
 DatabaseUrl = Annotated[
     str | None,
-    typer.Option("--database-url", help="SQLAlchemy URL; default $LIGHTNING_STORE_DATABASE_URL or ./lightning_store.db"),
+    typer.Option(
+        "--database-url", help="SQLAlchemy URL; default $LIGHTNING_STORE_DATABASE_URL or ./lightning_store.db"
+    ),
 ]
 
 
@@ -84,6 +86,8 @@ def sql(
                 else:
                     await conn.exec_driver_sql("PRAGMA query_only = ON")
                 result = await conn.execute(sa.text(query))
+                if not result.returns_rows:
+                    return [], []
                 rows = [tuple(row) for row in result.all()]
                 if engine.dialect.name != "postgresql":
                     await conn.exec_driver_sql("PRAGMA query_only = OFF")
@@ -97,6 +101,12 @@ def sql(
     except sa.exc.DBAPIError as exc:
         console.print(f"[red]query failed:[/red] {exc.orig}")
         raise typer.Exit(1) from None
+    except sa.exc.SQLAlchemyError as exc:
+        console.print(f"[red]query failed:[/red] {exc}")
+        raise typer.Exit(1) from None
+    if not columns:
+        console.print("the statement returned no rows")
+        return
     if as_json:
         for row in rows:
             typer.echo(json.dumps(dict(zip(columns, row, strict=True)), default=str))
@@ -123,3 +133,7 @@ def _load_plugins() -> None:
 def main() -> None:
     _load_plugins()
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -121,7 +121,7 @@ class Worker(BaseModel):
 T = TypeVar("T")
 
 
-class PaginatedResult(BaseModel, Sequence[T], Generic[T]):  # type: ignore[misc]
+class PaginatedResult(BaseModel, Sequence[T], Generic[T]):
     """A page of query results that also behaves as a sequence of its items.
 
     ``total`` counts every match, ignoring ``limit`` and ``offset``; ``limit == -1`` means unlimited.
@@ -138,5 +138,5 @@ class PaginatedResult(BaseModel, Sequence[T], Generic[T]):  # type: ignore[misc]
     def __getitem__(self, index: Any) -> Any:
         return self.items[index]
 
-    def __iter__(self) -> Iterator[T]:  # type: ignore[override]
+    def __iter__(self) -> Iterator[T]:  # type: ignore[override,unused-ignore]
         return iter(self.items)

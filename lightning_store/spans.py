@@ -83,9 +83,7 @@ class Span(BaseModel):
     resource: OtelResource = Field(default_factory=OtelResource)
 
     @classmethod
-    def from_opentelemetry(
-        cls, src: ReadableSpan, rollout_id: str, attempt_id: str, sequence_id: int
-    ) -> Span:
+    def from_opentelemetry(cls, src: ReadableSpan, rollout_id: str, attempt_id: str, sequence_id: int) -> Span:
         """Convert an SDK span; times become seconds, ids become lowercase hex as OpenTelemetry formats them."""
         from opentelemetry import trace as trace_api
 

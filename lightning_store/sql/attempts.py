@@ -18,8 +18,7 @@ from lightning_store.sql.paging import fetch_page
 from lightning_store.sql.rows import attempt_from_row
 from lightning_store.sql.schema import attempts
 
-ATTEMPT_SORTABLE = ("sequence_id", "attempt_id", "start_time", "end_time", "status", "worker_id",
-                    "last_heartbeat_time")
+ATTEMPT_SORTABLE = ("sequence_id", "attempt_id", "start_time", "end_time", "status", "worker_id", "last_heartbeat_time")
 
 
 class AttemptOps(SqlBase):
@@ -55,8 +54,14 @@ class AttemptOps(SqlBase):
         async with self._read() as conn:
             await self._require_rollout(conn, rollout_id)
             rows, total = await fetch_page(
-                conn, sa.select(attempts).where(attempts.c.rollout_id == rollout_id), table=attempts,
-                sort_by=sort_by, sort_order=sort_order, sortable=ATTEMPT_SORTABLE, limit=limit, offset=offset,
+                conn,
+                sa.select(attempts).where(attempts.c.rollout_id == rollout_id),
+                table=attempts,
+                sort_by=sort_by,
+                sort_order=sort_order,
+                sortable=ATTEMPT_SORTABLE,
+                limit=limit,
+                offset=offset,
                 tiebreak=attempts.c.sequence_id,
             )
         return PaginatedResult(items=[attempt_from_row(r) for r in rows], limit=limit, offset=offset, total=total)
@@ -87,12 +92,16 @@ class AttemptOps(SqlBase):
                 attempt = latest
             else:
                 row = (
-                    await conn.execute(
-                        sa.select(attempts).where(
-                            attempts.c.rollout_id == rollout_id, attempts.c.attempt_id == attempt_id
+                    (
+                        await conn.execute(
+                            sa.select(attempts).where(
+                                attempts.c.rollout_id == rollout_id, attempts.c.attempt_id == attempt_id
+                            )
                         )
                     )
-                ).mappings().first()
+                    .mappings()
+                    .first()
+                )
                 if row is None:
                     raise NotFoundError(
                         f"attempt {attempt_id!r} of rollout {rollout_id!r} not found", field="attempt_id"
@@ -112,9 +121,15 @@ class AttemptOps(SqlBase):
                 attempt = attempt.model_copy(update=values)
             if status is not UNSET:
                 attempt = await transitions.set_attempt_status(
-                    conn, wakeups, self.dialect, attempt=attempt, status=status, rollout_status=rollout["status"],
+                    conn,
+                    wakeups,
+                    self.dialect,
+                    attempt=attempt,
+                    status=status,
+                    rollout_status=rollout["status"],
                     config=RolloutConfig.model_validate(rollout["config"]),
-                    is_latest=latest is not None and latest.attempt_id == attempt.attempt_id, now=now,
+                    is_latest=latest is not None and latest.attempt_id == attempt.attempt_id,
+                    now=now,
                 )
             elif worker_id is not UNSET:
                 await transitions.sync_worker(conn, self.dialect, attempt, now)

@@ -62,14 +62,13 @@ class SqlBase:
         """A write transaction; topics added to the yielded ``Wakeups`` are signalled after commit."""
         wakeups = Wakeups()
         lock = self._write_lock if self.is_sqlite else contextlib.nullcontext()
-        async with lock:
-            async with self.engine.connect() as conn:
-                await conn.execution_options(**{WRITE_OPTION: True})
-                async with conn.begin():
-                    yield conn, wakeups
-                    if not self.is_sqlite:
-                        for topic in sorted(wakeups.topics):
-                            await conn.execute(notify_clause(topic))
+        async with lock, self.engine.connect() as conn:
+            await conn.execution_options(**{WRITE_OPTION: True})
+            async with conn.begin():
+                yield conn, wakeups
+                if not self.is_sqlite:
+                    for topic in sorted(wakeups.topics):
+                        await conn.execute(notify_clause(topic))
         for topic in wakeups.topics:
             self.topics[topic].signal()
 

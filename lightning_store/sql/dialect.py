@@ -11,9 +11,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.elements import ColumnElement
 
 
-def insert_ignoring_conflicts(
-    dialect_name: str, table: sa.Table, conflict_columns: Sequence[str]
-) -> sa.Insert:
+def insert_ignoring_conflicts(dialect_name: str, table: sa.Table, conflict_columns: Sequence[str]) -> sa.Insert:
     """``INSERT … ON CONFLICT (cols) DO NOTHING`` for either backend."""
     module: Any = postgresql if dialect_name == "postgresql" else sqlite
     stmt: sa.Insert = module.insert(table).on_conflict_do_nothing(index_elements=list(conflict_columns))
@@ -23,22 +21,26 @@ def insert_ignoring_conflicts(
 def json_matches(dialect_name: str, column: Any, key: str, value: Any) -> ColumnElement[bool]:
     """``column[key] == value`` for a JSON object column (scalars, lists and objects alike)."""
     if dialect_name == "postgresql":
-        return sa.cast(column, postgresql.JSONB).contains({key: value})
+        matches: ColumnElement[bool] = sa.cast(column, postgresql.JSONB).contains({key: value})
+        return matches
     path = "$." + json.dumps(key)
-    extracted = sa.func.json_extract(column, path)
+    extracted: ColumnElement[Any] = sa.func.json_extract(column, path)
     if isinstance(value, bool):
         return extracted == int(value)
     if isinstance(value, dict | list):
         return extracted == json.dumps(value, separators=(",", ":"))
     if value is None:
-        return sa.func.json_type(column, path) == "null"
-    return extracted == value
+        kind: ColumnElement[Any] = sa.func.json_type(column, path)
+        return kind == "null"
+    equal: ColumnElement[bool] = extracted == value
+    return equal
 
 
-def contains_text(column: Any, needle: str) -> ColumnElement[bool]:
-    """Substring match that treats ``%`` and ``_`` in ``needle`` literally."""
-    escaped = needle.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return column.like(f"%{escaped}%", escape="\\")
+def contains_text(dialect_name: str, column: Any, needle: str) -> ColumnElement[bool]:
+    """Case-sensitive substring match (SQLite's LIKE ignores ASCII case, so no LIKE; no wildcards to escape)."""
+    position = sa.func.strpos if dialect_name == "postgresql" else sa.func.instr
+    found: ColumnElement[bool] = position(column, needle) > 0
+    return found
 
 
 def upsert(dialect_name: str, table: sa.Table, key_columns: Sequence[str], values: dict[str, Any]) -> sa.Insert:

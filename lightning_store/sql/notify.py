@@ -76,7 +76,7 @@ class PostgresListener:
             try:
                 conn = await asyncpg.connect(self._dsn)
                 lost = asyncio.Event()
-                conn.add_termination_listener(lambda _c: lost.set())
+                conn.add_termination_listener(lambda _c, lost=lost: lost.set())
                 await conn.add_listener(CHANNEL, self._on_notification)
                 self.connected.set()
                 # Whatever happened while we were away may have been missed: wake everyone to re-check.

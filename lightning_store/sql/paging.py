@@ -22,9 +22,7 @@ def sort_column(table: sa.Table, sort_by: str | None, sortable: Sequence[str]) -
     if sort_by is None:
         return None
     if sort_by not in sortable:
-        raise InvalidRequestError(
-            f"cannot sort by {sort_by!r}; choose one of: {', '.join(sortable)}", field="sort_by"
-        )
+        raise InvalidRequestError(f"cannot sort by {sort_by!r}; choose one of: {', '.join(sortable)}", field="sort_by")
     return table.c[sort_by]
 
 

@@ -40,8 +40,7 @@ class ResourceOps(SqlBase):
     async def add_resources(self, resources_: NamedResources) -> ResourcesUpdate:
         payload = _checked(resources_)
         now = time.time()
-        row = {"resources_id": new_id("rs"), "create_time": now, "update_time": now, "version": 1,
-               "resources": payload}
+        row = {"resources_id": new_id("rs"), "create_time": now, "update_time": now, "version": 1, "resources": payload}
         async with self._write() as (conn, _):
             await conn.execute(sa.insert(resources).values(row))
         return ResourcesUpdate.model_validate(row)
@@ -52,10 +51,14 @@ class ResourceOps(SqlBase):
         now = time.time()
         async with self._write() as (conn, _):
             existing = (
-                await conn.execute(
-                    sa.select(resources).where(resources.c.resources_id == resources_id).with_for_update()
+                (
+                    await conn.execute(
+                        sa.select(resources).where(resources.c.resources_id == resources_id).with_for_update()
+                    )
                 )
-            ).mappings().first()
+                .mappings()
+                .first()
+            )
             if existing is None:
                 await conn.execute(
                     sa.insert(resources).values(
@@ -68,23 +71,29 @@ class ResourceOps(SqlBase):
                     .where(resources.c.resources_id == resources_id)
                     .values(update_time=now, version=resources.c.version + 1, resources=payload)
                 )
-            row = (await conn.execute(sa.select(resources).where(resources.c.resources_id == resources_id)))
+            row = await conn.execute(sa.select(resources).where(resources.c.resources_id == resources_id))
             return resources_from_row(row.mappings().one())
 
     async def get_resources_by_id(self, resources_id: str) -> ResourcesUpdate | None:
         async with self._read() as conn:
             row = (
-                await conn.execute(sa.select(resources).where(resources.c.resources_id == resources_id))
-            ).mappings().first()
+                (await conn.execute(sa.select(resources).where(resources.c.resources_id == resources_id)))
+                .mappings()
+                .first()
+            )
         return None if row is None else resources_from_row(row)
 
     async def get_latest_resources(self) -> ResourcesUpdate | None:
         async with self._read() as conn:
             row = (
-                await conn.execute(
-                    sa.select(resources).order_by(resources.c.update_time.desc(), resources.c.pk.desc()).limit(1)
+                (
+                    await conn.execute(
+                        sa.select(resources).order_by(resources.c.update_time.desc(), resources.c.pk.desc()).limit(1)
+                    )
                 )
-            ).mappings().first()
+                .mappings()
+                .first()
+            )
         return None if row is None else resources_from_row(row)
 
     async def query_resources(
@@ -101,10 +110,17 @@ class ResourceOps(SqlBase):
         if resources_id is not None:
             query = query.where(resources.c.resources_id == resources_id)
         if resources_id_contains is not None:
-            query = query.where(contains_text(resources.c.resources_id, resources_id_contains))
+            query = query.where(contains_text(self.dialect, resources.c.resources_id, resources_id_contains))
         async with self._read() as conn:
             rows, total = await fetch_page(
-                conn, query, table=resources, sort_by=sort_by, sort_order=sort_order, sortable=RESOURCES_SORTABLE,
-                limit=limit, offset=offset, tiebreak=resources.c.pk,
+                conn,
+                query,
+                table=resources,
+                sort_by=sort_by,
+                sort_order=sort_order,
+                sortable=RESOURCES_SORTABLE,
+                limit=limit,
+                offset=offset,
+                tiebreak=resources.c.pk,
             )
         return PaginatedResult(items=[resources_from_row(r) for r in rows], limit=limit, offset=offset, total=total)

@@ -50,8 +50,14 @@ class RolloutOps(AttemptOps, WorkerOps):
     ) -> Rollout:
         request = validate.model(
             EnqueueRolloutRequest,
-            {"input": input, "mode": mode, "resources_id": resources_id, "config": config,
-             "metadata": metadata, "rollout_id": rollout_id},
+            {
+                "input": input,
+                "mode": mode,
+                "resources_id": resources_id,
+                "config": config,
+                "metadata": metadata,
+                "rollout_id": rollout_id,
+            },
             "rollout",
         )
         return (await self.enqueue_many_rollouts([request]))[0]
@@ -89,8 +95,9 @@ class RolloutOps(AttemptOps, WorkerOps):
         named = {r.resources_id for r in requests if r.resources_id is not None}
         if named:
             found = set(
-                (await conn.execute(sa.select(resources.c.resources_id).where(resources.c.resources_id.in_(named))))
-                .scalars()
+                (
+                    await conn.execute(sa.select(resources.c.resources_id).where(resources.c.resources_id.in_(named)))
+                ).scalars()
             )
             for i, r in enumerate(requests):
                 if r.resources_id not in found and r.resources_id is not None:
@@ -188,9 +195,7 @@ class RolloutOps(AttemptOps, WorkerOps):
                     await self._mark_worker_idle(conn, worker_id, now)
                 return []
             ids = [row["rollout_id"] for row in rows]
-            await conn.execute(
-                sa.update(rollouts).where(rollouts.c.rollout_id.in_(ids)).values(status="preparing")
-            )
+            await conn.execute(sa.update(rollouts).where(rollouts.c.rollout_id.in_(ids)).values(status="preparing"))
             counts = dict(
                 (
                     await conn.execute(
@@ -260,7 +265,7 @@ class RolloutOps(AttemptOps, WorkerOps):
         if rollout_id_in is not None:
             optional.append(rollouts.c.rollout_id.in_(list(rollout_id_in)))
         if rollout_id_contains is not None:
-            optional.append(contains_text(rollouts.c.rollout_id, rollout_id_contains))
+            optional.append(contains_text(self.dialect, rollouts.c.rollout_id, rollout_id_contains))
         required: list[sa.ColumnElement[bool]] = []
         if mode_in is not None:
             required.append(rollouts.c.mode.in_(list(mode_in)))
@@ -276,8 +281,15 @@ class RolloutOps(AttemptOps, WorkerOps):
             query = query.where(condition)
         async with self._read() as conn:
             rows, total = await fetch_page(
-                conn, query, table=rollouts, sort_by=sort_by, sort_order=sort_order,
-                sortable=ROLLOUT_SORTABLE, limit=limit, offset=offset, tiebreak=rollouts.c.pk,
+                conn,
+                query,
+                table=rollouts,
+                sort_by=sort_by,
+                sort_order=sort_order,
+                sortable=ROLLOUT_SORTABLE,
+                limit=limit,
+                offset=offset,
+                tiebreak=rollouts.c.pk,
             )
             latest = await self._latest_attempts(conn, [row["rollout_id"] for row in rows])
         items = [rollout_from_row(row, latest.get(row["rollout_id"])) for row in rows]
@@ -330,9 +342,7 @@ class RolloutOps(AttemptOps, WorkerOps):
                 rows = list(
                     (
                         await conn.execute(
-                            sa.select(rollouts.c.rollout_id, rollouts.c.status).where(
-                                rollouts.c.rollout_id.in_(wanted)
-                            )
+                            sa.select(rollouts.c.rollout_id, rollouts.c.status).where(rollouts.c.rollout_id.in_(wanted))
                         )
                     ).all()
                 )

@@ -22,7 +22,7 @@ metadata = sa.MetaData(
 Json = sa.JSON().with_variant(JSONB(), "postgresql")
 # SQLite only auto-increments an INTEGER PRIMARY KEY.
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
-Seconds = sa.Double()
+Seconds: sa.Double[float] = sa.Double()
 
 QUEUED = "status IN ('queuing', 'requeuing')"
 

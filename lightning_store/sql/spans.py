@@ -14,13 +14,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from lightning_store import lifecycle
 from lightning_store.errors import NotFoundError
 from lightning_store.models import FilterLogic, PaginatedResult, SortOrder
+from lightning_store.spans import Span
 from lightning_store.sql import validate
 from lightning_store.sql.attempts import AttemptOps
 from lightning_store.sql.dialect import contains_text, insert_ignoring_conflicts
 from lightning_store.sql.paging import combine, fetch_page
 from lightning_store.sql.rows import span_from_row, span_to_row
 from lightning_store.sql.schema import attempts, rollouts, spans
-from lightning_store.spans import Span
 
 SPAN_SORTABLE = ("sequence_id", "start_time", "end_time", "name", "trace_id", "span_id", "parent_id")
 SPAN_KEY = ("rollout_id", "attempt_id", "span_id")
@@ -186,7 +186,7 @@ class SpanOps(AttemptOps):
             if exact is not None:
                 conditions.append(column == exact)
             if contains is not None:
-                conditions.append(contains_text(column, contains))
+                conditions.append(contains_text(self.dialect, column, contains))
         query = sa.select(spans).where(spans.c.rollout_id == rollout_id)
         combined = combine(conditions, filter_logic)
         if combined is not None:
@@ -197,8 +197,15 @@ class SpanOps(AttemptOps):
             if scope is not None:
                 query = query.where(spans.c.attempt_id == scope)
             rows, total = await fetch_page(
-                conn, query, table=spans, sort_by=sort_by, sort_order=sort_order, sortable=SPAN_SORTABLE,
-                limit=limit, offset=offset, tiebreak=spans.c.pk,
+                conn,
+                query,
+                table=spans,
+                sort_by=sort_by,
+                sort_order=sort_order,
+                sortable=SPAN_SORTABLE,
+                limit=limit,
+                offset=offset,
+                tiebreak=spans.c.pk,
             )
         return PaginatedResult(items=[span_from_row(r) for r in rows], limit=limit, offset=offset, total=total)
 

@@ -11,7 +11,6 @@ from sqlalchemy.engine import URL
 from lightning_store.contract import StoreStatistics
 from lightning_store.migrate import upgrade
 from lightning_store.settings import StoreSettings, load_settings
-from lightning_store.sql.base import SqlBase
 from lightning_store.sql.engine import make_engine, normalize_url
 from lightning_store.sql.notify import PostgresListener
 from lightning_store.sql.resources import ResourceOps
@@ -32,12 +31,16 @@ class SqlStore(RolloutOps, SpanOps, ResourceOps, WatchdogOps):
     async def statistics(self) -> StoreStatistics:
         async with self._read() as conn:
             totals = {}
-            for name, table in (("rollouts", rollouts), ("attempts", attempts), ("spans", spans),
-                                ("resources", resources), ("workers", workers)):
+            for name, table in (
+                ("rollouts", rollouts),
+                ("attempts", attempts),
+                ("spans", spans),
+                ("resources", resources),
+                ("workers", workers),
+            ):
                 totals[name] = int((await conn.execute(sa.select(sa.func.count()).select_from(table))).scalar_one())
-            by_status = dict(
-                (await conn.execute(sa.select(rollouts.c.status, sa.func.count()).group_by(rollouts.c.status)))
-                .all()
+            by_status: dict[str, int] = dict(
+                (await conn.execute(sa.select(rollouts.c.status, sa.func.count()).group_by(rollouts.c.status))).all()
             )
         return StoreStatistics(
             name=type(self).__name__,

@@ -30,8 +30,10 @@ from lightning_store.sql.schema import attempts, rollouts, workers
 async def lock_rollout(conn: AsyncConnection, rollout_id: str) -> sa.RowMapping:
     """The rollout's row, locked until commit (Postgres; SQLite has a single writer anyway)."""
     row = (
-        await conn.execute(sa.select(rollouts).where(rollouts.c.rollout_id == rollout_id).with_for_update())
-    ).mappings().first()
+        (await conn.execute(sa.select(rollouts).where(rollouts.c.rollout_id == rollout_id).with_for_update()))
+        .mappings()
+        .first()
+    )
     if row is None:
         raise NotFoundError(f"rollout {rollout_id!r} not found", field="rollout_id")
     return row
@@ -39,13 +41,17 @@ async def lock_rollout(conn: AsyncConnection, rollout_id: str) -> sa.RowMapping:
 
 async def latest_attempt(conn: AsyncConnection, rollout_id: str) -> Attempt | None:
     row = (
-        await conn.execute(
-            sa.select(attempts)
-            .where(attempts.c.rollout_id == rollout_id)
-            .order_by(attempts.c.sequence_id.desc())
-            .limit(1)
+        (
+            await conn.execute(
+                sa.select(attempts)
+                .where(attempts.c.rollout_id == rollout_id)
+                .order_by(attempts.c.sequence_id.desc())
+                .limit(1)
+            )
         )
-    ).mappings().first()
+        .mappings()
+        .first()
+    )
     return None if row is None else attempt_from_row(row)
 
 

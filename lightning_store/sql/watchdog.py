@@ -57,8 +57,15 @@ class WatchdogOps(AttemptOps):
                 if verdict is None:
                     continue
                 await transitions.set_attempt_status(
-                    conn, wakeups, self.dialect, attempt=attempt, status=verdict, rollout_status=row["status"],
-                    config=config, is_latest=True, now=now,
+                    conn,
+                    wakeups,
+                    self.dialect,
+                    attempt=attempt,
+                    status=verdict,
+                    rollout_status=row["status"],
+                    config=config,
+                    is_latest=True,
+                    now=now,
                 )
                 marked += 1
         return marked

@@ -38,15 +38,22 @@ class WorkerOps(SqlBase):
         if status_in is not None:
             conditions.append(workers.c.status.in_(list(status_in)))
         if worker_id_contains is not None:
-            conditions.append(contains_text(workers.c.worker_id, worker_id_contains))
+            conditions.append(contains_text(self.dialect, workers.c.worker_id, worker_id_contains))
         query = sa.select(workers)
         combined = combine(conditions, filter_logic)
         if combined is not None:
             query = query.where(combined)
         async with self._read() as conn:
             rows, total = await fetch_page(
-                conn, query, table=workers, sort_by=sort_by, sort_order=sort_order, sortable=WORKER_SORTABLE,
-                limit=limit, offset=offset, tiebreak=workers.c.worker_id,
+                conn,
+                query,
+                table=workers,
+                sort_by=sort_by,
+                sort_order=sort_order,
+                sortable=WORKER_SORTABLE,
+                limit=limit,
+                offset=offset,
+                tiebreak=workers.c.worker_id,
             )
         return PaginatedResult(items=[worker_from_row(r) for r in rows], limit=limit, offset=offset, total=total)
 
@@ -64,8 +71,9 @@ class WorkerOps(SqlBase):
             values["heartbeat_stats"] = dict(heartbeat_stats)
         async with self._write() as (conn, _):
             await conn.execute(
-                insert_ignoring_conflicts(self.dialect, workers, ["worker_id"]).values(worker_id=worker_id,
-                                                                                     status="unknown")
+                insert_ignoring_conflicts(self.dialect, workers, ["worker_id"]).values(
+                    worker_id=worker_id, status="unknown"
+                )
             )
             await conn.execute(sa.update(workers).where(workers.c.worker_id == worker_id).values(values))
             row = (await conn.execute(sa.select(workers).where(workers.c.worker_id == worker_id))).mappings().one()

@@ -44,8 +44,11 @@ def upgrade() -> None:
         sa.UniqueConstraint("rollout_id", name="uq_rollouts_rollout_id"),
     )
     op.create_index(
-        "ix_rollouts_queue", "rollouts", ["enqueue_time", "pk"],
-        postgresql_where=sa.text(QUEUED), sqlite_where=sa.text(QUEUED),
+        "ix_rollouts_queue",
+        "rollouts",
+        ["enqueue_time", "pk"],
+        postgresql_where=sa.text(QUEUED),
+        sqlite_where=sa.text(QUEUED),
     )
     op.create_index("ix_rollouts_status", "rollouts", ["status"])
     op.create_index("ix_rollouts_start_time", "rollouts", ["start_time"])
@@ -151,9 +154,7 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(
             ["attempt_id"], ["attempts.attempt_id"], name="fk_llm_calls_attempt_id_attempts", ondelete="CASCADE"
         ),
-        sa.UniqueConstraint(
-            "rollout_id", "attempt_id", "span_id", name="uq_llm_calls_rollout_id_attempt_id_span_id"
-        ),
+        sa.UniqueConstraint("rollout_id", "attempt_id", "span_id", name="uq_llm_calls_rollout_id_attempt_id_span_id"),
     )
     op.create_index("ix_llm_calls_rollout_id_sequence_id", "llm_calls", ["rollout_id", "sequence_id"])
 
@@ -177,11 +178,23 @@ def _views(dialect: str) -> dict[str, str]:
         return f"json_extract({column}, '$.\"{key}\"')"
 
     def number(column: str, key: str) -> str:
-        kind = "DOUBLE PRECISION" if dialect == "postgresql" else "REAL"
-        return f"CAST({text(column, key)} AS {kind})"
+        # NULL unless the value is a JSON number, so one malformed span cannot break (or skew) the view.
+        if dialect == "postgresql":
+            return (
+                f"CASE WHEN jsonb_typeof({column} -> '{key}') = 'number' "
+                f"THEN ({column} ->> '{key}')::double precision END"
+            )
+        path = f"'$.\"{key}\"'"
+        return (
+            f"CASE WHEN json_type({column}, {path}) IN ('integer', 'real') "
+            f"THEN CAST(json_extract({column}, {path}) AS REAL) END"
+        )
 
     array_length = "jsonb_array_length" if dialect == "postgresql" else "json_array_length"
-    reward = f"COALESCE({number('s.attributes', 'agentlightning.reward.0.value')}, {number('s.attributes', 'reward')})"
+    # Agent Lightning 0.3 emitters write agentlightning.reward.0.value; older ones a plain "reward" attribute on a
+    # span named agentlightning.reward (only there: other spans may use "reward" for something else).
+    legacy = f"CASE WHEN s.name = 'agentlightning.reward' THEN {number('s.attributes', 'reward')} END"
+    reward = f"COALESCE({number('s.attributes', 'agentlightning.reward.0.value')}, {legacy})"
     latest = "NOT EXISTS (SELECT 1 FROM attempts b WHERE b.rollout_id = a.rollout_id AND b.sequence_id > a.sequence_id)"
     return {
         "rollouts_v": f"""
@@ -197,7 +210,7 @@ def _views(dialect: str) -> dict[str, str]:
             FROM attempts a JOIN rollouts r ON r.rollout_id = a.rollout_id""",
         "spans_v": f"""
             SELECT s.rollout_id, s.attempt_id, a.sequence_id AS attempt_sequence_id, s.sequence_id, s.name,
-                   s.trace_id, s.span_id, s.parent_id, {text('s.status', 'status_code')} AS status_code,
+                   s.trace_id, s.span_id, s.parent_id, {text("s.status", "status_code")} AS status_code,
                    s.start_time, s.end_time, s.end_time - s.start_time AS duration_seconds, s.attributes
             FROM spans s JOIN attempts a ON a.attempt_id = s.attempt_id""",
         "llm_calls_v": f"""
@@ -209,7 +222,7 @@ def _views(dialect: str) -> dict[str, str]:
             FROM llm_calls c JOIN rollouts r ON r.rollout_id = c.rollout_id""",
         "rewards_v": f"""
             SELECT s.rollout_id, s.attempt_id, s.sequence_id, s.span_id, r.mode, r.resources_id,
-                   {text('s.attributes', 'agentlightning.reward.0.name')} AS reward_name, {reward} AS reward,
+                   {text("s.attributes", "agentlightning.reward.0.name")} AS reward_name, {reward} AS reward,
                    s.end_time AS time
             FROM spans s JOIN rollouts r ON r.rollout_id = s.rollout_id
             WHERE {reward} IS NOT NULL""",

@@ -1,0 +1,197 @@
+"""The ``store`` console script, run as a real subprocess against real databases."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from lightning_store.migrate import current_revision, head_revision
+from lightning_store.sql import open_store
+from lightning_store.sql.engine import make_engine
+from tests.postgres import TemplateDatabases
+
+URL_VIA = ["option", "env"]
+
+
+def store_command() -> list[str]:
+    """The installed ``store`` script, preferring the one beside this interpreter (same environment)."""
+    script = shutil.which("store", path=str(Path(sys.executable).parent)) or shutil.which("store")
+    if script is not None:
+        return [script]
+    # lightning_store/cli.py has no ``if __name__ == "__main__"`` block, so ``python -m lightning_store.cli``
+    # would do nothing; call the entry point itself.
+    return [sys.executable, "-c", "from lightning_store.cli import main; main()"]
+
+
+class Cli:
+    """Runs ``store`` with the database URL passed either as ``--database-url`` or in the environment."""
+
+    def __init__(self, url: str, via: str, cwd: Path) -> None:
+        self.url = url
+        self.via = via
+        self.cwd = cwd
+
+    def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_STORE_")}
+        env["COLUMNS"] = "200"  # keep rich from wrapping messages
+        argv = [*store_command(), *args]
+        if self.via == "option":
+            argv += ["--database-url", self.url]
+        else:
+            env["LIGHTNING_STORE_DATABASE_URL"] = self.url
+        # cwd is the test's own directory, so the default ./lightning_store.db could never touch a real store.
+        return subprocess.run(argv, env=env, cwd=self.cwd, capture_output=True, text=True, timeout=120, check=False)
+
+
+def output(result: subprocess.CompletedProcess[str]) -> str:
+    return result.stdout + result.stderr
+
+
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'store.db'}"
+
+
+@pytest.fixture(params=URL_VIA)
+def cli(request: pytest.FixtureRequest, tmp_path: Path) -> Cli:
+    return Cli(sqlite_url(tmp_path), request.param, tmp_path)
+
+
+@pytest.fixture
+def migrated_cli(cli: Cli) -> Cli:
+    result = cli("migrate")
+    assert result.returncode == 0, output(result)
+    return cli
+
+
+@pytest.fixture
+def postgres_url(pg_templates: TemplateDatabases | None) -> Iterator[str]:
+    """A fresh, empty Postgres database (no schema at all)."""
+    if pg_templates is None:
+        pytest.skip("no PostgreSQL server answers at LIGHTNING_STORE_TEST_POSTGRES_URL")
+    url = asyncio.run(pg_templates.clone(migrated=False))
+    yield url
+    asyncio.run(pg_templates.drop(url))
+
+
+def enqueue(url: str, count: int) -> None:
+    async def run() -> None:
+        store = await open_store(url, watchdog=False)
+        try:
+            for i in range(count):
+                await store.enqueue_rollout({"task": i})
+        finally:
+            await store.close()
+
+    asyncio.run(run())
+
+
+def count_rollouts(url: str) -> int:
+    async def run() -> int:
+        engine = make_engine(url)
+        try:
+            async with engine.connect() as conn:
+                return int((await conn.execute(sa.text("SELECT count(*) FROM rollouts"))).scalar_one())
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(run())
+
+
+def revision_of(url: str) -> str | None:
+    async def run() -> str | None:
+        engine = make_engine(url)
+        try:
+            return await current_revision(engine)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(run())
+
+
+def test_migrate_prints_the_revision(cli: Cli) -> None:
+    result = cli("migrate")
+    assert result.returncode == 0, output(result)
+    assert result.stdout.strip() == f"schema at revision {head_revision()}"  # today: 0001
+    assert revision_of(cli.url) == head_revision()
+    # A second run is a no-op that reports the same revision.
+    again = cli("migrate")
+    assert again.returncode == 0, output(again)
+    assert again.stdout.strip() == f"schema at revision {head_revision()}"
+
+
+def test_stats_json_on_an_empty_store(migrated_cli: Cli) -> None:
+    result = migrated_cli("stats", "--json")
+    assert result.returncode == 0, output(result)
+    stats = json.loads(result.stdout)
+    assert stats["total_rollouts"] == 0
+    assert stats["total_spans"] == 0
+    assert stats["rollouts_by_status"] == {}
+
+
+def test_sql_counts_rows_of_a_view(migrated_cli: Cli) -> None:
+    enqueue(migrated_cli.url, 2)
+    result = migrated_cli("sql", "SELECT count(*) AS n FROM rollouts_v", "--json")
+    assert result.returncode == 0, output(result)
+    assert [json.loads(line) for line in result.stdout.splitlines()] == [{"n": 2}]
+
+
+def test_sql_refuses_to_write(migrated_cli: Cli) -> None:
+    enqueue(migrated_cli.url, 2)
+    result = migrated_cli("sql", "DELETE FROM rollouts")
+    assert result.returncode != 0
+    assert "query failed" in output(result)
+    assert "Traceback" not in output(result)
+    assert count_rollouts(migrated_cli.url) == 2
+
+
+def test_sql_syntax_error_is_reported_without_a_traceback(migrated_cli: Cli) -> None:
+    result = migrated_cli("sql", "SELEC count(*) FROM rollouts")
+    assert result.returncode != 0
+    assert "query failed" in output(result)
+    assert "syntax error" in output(result)
+    assert "Traceback" not in output(result)
+
+
+@pytest.mark.xfail(
+    reason="lightning_store/cli.py sql(): result.all() on a statement that returns no rows (an empty query, a "
+    "PRAGMA, SET ...) raises sqlalchemy ResourceClosedError, which the command does not catch (it catches only "
+    "DBAPIError), so a traceback is printed",
+    strict=True,
+)
+def test_sql_statement_without_rows_is_reported_without_a_traceback(migrated_cli: Cli) -> None:
+    result = migrated_cli("sql", "PRAGMA query_only = OFF")
+    assert "Traceback" not in output(result)
+
+
+@pytest.mark.postgres
+def test_migrate_on_a_fresh_postgres_database(tmp_path: Path, postgres_url: str) -> None:
+    cli = Cli(postgres_url, "option", tmp_path)
+    assert revision_of(postgres_url) is None
+    result = cli("migrate")
+    assert result.returncode == 0, output(result)
+    assert result.stdout.strip() == f"schema at revision {head_revision()}"
+    assert revision_of(postgres_url) == head_revision()
+
+
+@pytest.mark.postgres
+def test_sql_on_postgres_is_read_only(tmp_path: Path, postgres_url: str) -> None:
+    cli = Cli(postgres_url, "env", tmp_path)
+    assert cli("migrate").returncode == 0
+    enqueue(postgres_url, 2)
+    counted = cli("sql", "SELECT count(*) AS n FROM rollouts_v", "--json")
+    assert counted.returncode == 0, output(counted)
+    assert [json.loads(line) for line in counted.stdout.splitlines()] == [{"n": 2}]
+    deleted = cli("sql", "DELETE FROM rollouts")
+    assert deleted.returncode != 0
+    assert "read-only" in output(deleted)
+    assert "Traceback" not in output(deleted)
+    assert count_rollouts(postgres_url) == 2

@@ -1,0 +1,178 @@
+"""The retry policy, heartbeats and the watchdog, end to end through the store."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from lightning_store import RolloutConfig
+from lightning_store.models import AttemptStatus
+from lightning_store.spans import Span
+from lightning_store.sql import SqlStore
+from tests.conftest import StoreFactory
+
+
+def span_for(rollout_id: str, attempt_id: str, span_id: str = "s1", sequence_id: int = 1) -> Span:
+    return Span(
+        rollout_id=rollout_id,
+        attempt_id=attempt_id,
+        sequence_id=sequence_id,
+        trace_id="t" * 32,
+        span_id=span_id,
+        name="work",
+    )
+
+
+@pytest.mark.parametrize("status", ["failed", "timeout", "unresponsive"])
+async def test_retryable_status_requeues_until_attempts_run_out(store: SqlStore, status: AttemptStatus) -> None:
+    config = RolloutConfig(max_attempts=2, retry_condition=[status])
+    rollout = await store.enqueue_rollout(1, config=config)
+    first = await store.dequeue_rollout()
+    assert first is not None
+    await store.update_attempt(rollout.rollout_id, first.attempt.attempt_id, status=status)
+    requeued = await store.get_rollout_by_id(rollout.rollout_id)
+    assert requeued is not None and requeued.status == "requeuing" and requeued.end_time is None
+    second = await store.dequeue_rollout()
+    assert second is not None and second.rollout_id == rollout.rollout_id and second.attempt.sequence_id == 2
+    await store.update_attempt(rollout.rollout_id, second.attempt.attempt_id, status=status)
+    final = await store.get_rollout_by_id(rollout.rollout_id)
+    assert final is not None and final.status == "failed" and final.end_time is not None
+    assert await store.dequeue_rollout() is None
+
+
+@pytest.mark.parametrize("status", ["failed", "timeout", "unresponsive"])
+async def test_status_outside_retry_condition_fails_the_rollout(store: SqlStore, status: AttemptStatus) -> None:
+    others: list[AttemptStatus] = [s for s in ("failed", "timeout", "unresponsive") if s != status]  # type: ignore[misc]
+    rollout = await store.enqueue_rollout(1, config=RolloutConfig(max_attempts=5, retry_condition=others))
+    claimed = await store.dequeue_rollout()
+    assert claimed is not None
+    await store.update_attempt(rollout.rollout_id, claimed.attempt.attempt_id, status=status)
+    stored = await store.get_rollout_by_id(rollout.rollout_id)
+    assert stored is not None and stored.status == "failed"
+
+
+@pytest.mark.parametrize("status", ["preparing", "running", "succeeded"])
+async def test_other_statuses_carry_over_to_the_rollout(store: SqlStore, status: AttemptStatus) -> None:
+    started = await store.start_rollout(1)
+    attempt = await store.update_attempt(started.rollout_id, "latest", status=status)
+    rollout = await store.get_rollout_by_id(started.rollout_id)
+    assert rollout is not None and rollout.status == status
+    assert (attempt.end_time is not None) == (status == "succeeded")
+    assert (rollout.end_time is not None) == (status == "succeeded")
+
+
+async def test_only_the_latest_attempt_decides(store: SqlStore) -> None:
+    rollout = await store.enqueue_rollout(1, config=RolloutConfig(max_attempts=3, retry_condition=["failed"]))
+    first = await store.dequeue_rollout()
+    assert first is not None
+    await store.update_attempt(rollout.rollout_id, first.attempt.attempt_id, status="failed")
+    second = await store.dequeue_rollout()
+    assert second is not None
+    await store.update_attempt(rollout.rollout_id, second.attempt.attempt_id, status="succeeded")
+    # A late report from the superseded attempt changes that attempt only.
+    await store.update_attempt(rollout.rollout_id, first.attempt.attempt_id, status="failed")
+    stored = await store.get_rollout_by_id(rollout.rollout_id)
+    assert stored is not None and stored.status == "succeeded"
+
+
+async def test_a_span_is_a_heartbeat(store: SqlStore) -> None:
+    rollout = await store.enqueue_rollout(1)
+    claimed = await store.dequeue_rollout()
+    assert claimed is not None
+    before = time.time()
+    await store.add_span(span_for(rollout.rollout_id, claimed.attempt.attempt_id))
+    attempt = await store.get_latest_attempt(rollout.rollout_id)
+    stored = await store.get_rollout_by_id(rollout.rollout_id)
+    assert attempt is not None and attempt.status == "running"
+    assert attempt.last_heartbeat_time is not None and attempt.last_heartbeat_time >= before
+    assert stored is not None and stored.status == "running"
+
+
+async def test_a_span_revives_an_unresponsive_attempt(store: SqlStore) -> None:
+    config = RolloutConfig(max_attempts=2, retry_condition=["unresponsive"])
+    rollout = await store.enqueue_rollout(1, config=config)
+    claimed = await store.dequeue_rollout()
+    assert claimed is not None
+    await store.update_attempt(rollout.rollout_id, claimed.attempt.attempt_id, status="unresponsive")
+    await store.add_span(span_for(rollout.rollout_id, claimed.attempt.attempt_id))
+    attempt = await store.get_latest_attempt(rollout.rollout_id)
+    stored = await store.get_rollout_by_id(rollout.rollout_id)
+    assert attempt is not None and attempt.status == "running"
+    # The rollout left the queue: the attempt came back before anyone claimed the retry.
+    assert stored is not None and stored.status == "running"
+    assert await store.dequeue_rollout() is None
+
+
+async def test_a_span_does_not_revive_a_finished_rollout(store: SqlStore) -> None:
+    started = await store.start_rollout(1)
+    await store.update_attempt(started.rollout_id, "latest", status="succeeded")
+    await store.add_span(span_for(started.rollout_id, started.attempt.attempt_id))
+    stored = await store.get_rollout_by_id(started.rollout_id)
+    attempt = await store.get_latest_attempt(started.rollout_id)
+    assert stored is not None and stored.status == "succeeded"
+    assert attempt is not None and attempt.status == "succeeded"
+
+
+async def test_watchdog_times_out_and_requeues_without_any_call(store_factory: StoreFactory) -> None:
+    store = await store_factory(watchdog_interval=0.05)
+    config = RolloutConfig(timeout_seconds=0.2, max_attempts=2, retry_condition=["timeout"])
+    rollout = await store.enqueue_rollout(1, config=config)
+    claimed = await store.dequeue_rollout(worker_id="w1")
+    assert claimed is not None
+    await store.add_span(span_for(rollout.rollout_id, claimed.attempt.attempt_id))
+    await asyncio.sleep(0.6)
+    attempt = (await store.query_attempts(rollout.rollout_id))[0]
+    stored = await store.get_rollout_by_id(rollout.rollout_id)
+    assert attempt.status == "timeout" and attempt.end_time is not None
+    assert stored is not None and stored.status == "requeuing"
+    worker = await store.get_worker_by_id("w1")
+    assert worker is not None and worker.status == "unknown"
+
+
+async def test_watchdog_marks_silent_attempts_unresponsive(store_factory: StoreFactory) -> None:
+    store = await store_factory(watchdog_interval=0.05)
+    rollout = await store.enqueue_rollout(1, config=RolloutConfig(unresponsive_seconds=0.2))
+    claimed = await store.dequeue_rollout()
+    assert claimed is not None
+    await asyncio.sleep(0.6)
+    attempt = await store.get_latest_attempt(rollout.rollout_id)
+    stored = await store.get_rollout_by_id(rollout.rollout_id)
+    assert attempt is not None and attempt.status == "unresponsive" and attempt.end_time is None
+    assert stored is not None and stored.status == "failed"
+
+
+async def test_heartbeats_keep_an_attempt_responsive(store: SqlStore) -> None:
+    rollout = await store.enqueue_rollout(1, config=RolloutConfig(unresponsive_seconds=0.3))
+    claimed = await store.dequeue_rollout()
+    assert claimed is not None
+    for i in range(4):
+        await asyncio.sleep(0.15)
+        await store.add_span(span_for(rollout.rollout_id, claimed.attempt.attempt_id, f"s{i}", i + 1))
+        assert await store.scan_unhealthy() == 0
+    await asyncio.sleep(0.4)
+    assert await store.scan_unhealthy() == 1
+    attempt = await store.get_latest_attempt(rollout.rollout_id)
+    assert attempt is not None and attempt.status == "unresponsive"
+    # Already unresponsive: a second scan leaves it be.
+    assert await store.scan_unhealthy() == 0
+
+
+async def test_watchdog_ignores_rollouts_without_limits(store: SqlStore) -> None:
+    await store.enqueue_rollout(1)
+    assert await store.dequeue_rollout() is not None
+    await asyncio.sleep(0.05)
+    assert await store.scan_unhealthy() == 0
+
+
+async def test_only_one_of_several_stores_scans_at_a_time(store_factory: StoreFactory) -> None:
+    stores = [await store_factory() for _ in range(3)]
+    rollouts = [await stores[0].enqueue_rollout(i, config=RolloutConfig(timeout_seconds=0.05)) for i in range(5)]
+    for _ in rollouts:
+        assert await stores[0].dequeue_rollout() is not None
+    await asyncio.sleep(0.1)
+    marked = await asyncio.gather(*(s.scan_unhealthy() for s in stores))
+    assert sum(marked) == 5
+    attempts = [await stores[0].get_latest_attempt(r.rollout_id) for r in rollouts]
+    assert all(a is not None and a.status == "timeout" for a in attempts)
