@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import json
 import math
 import os
@@ -126,9 +127,10 @@ class BackendReport:
 
 
 def current_rss_mib() -> float:
+    """The process's resident set size now: psutil (a dev dependency) when installed, else /proc (Linux)."""
     try:
-        import psutil
-    except ImportError:  # psutil is a dev dependency; /proc works on Linux without it.
+        psutil = importlib.import_module("psutil")  # imported by name: it ships no type stubs
+    except ImportError:
         with open("/proc/self/statm") as statm:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     return float(psutil.Process().memory_info().rss) / 2**20
@@ -383,9 +385,14 @@ def render_tables(reports: Sequence[BackendReport], args: argparse.Namespace, co
     for report in reports:
         for op in report.operations:
             ops.add_row(
-                report.backend, op.operation, str(op.calls), f"{op.items} {op.unit}",
-                f"{op.throughput:,.0f} {op.unit}/s", f"{op.percentile(50) * 1000:.2f}", f"{op.percentile(99) * 1000:.2f}",
-            )  # fmt: skip
+                report.backend,
+                op.operation,
+                str(op.calls),
+                f"{op.items} {op.unit}",
+                f"{op.throughput:,.0f} {op.unit}/s",
+                f"{op.percentile(50) * 1000:.2f}",
+                f"{op.percentile(99) * 1000:.2f}",
+            )
     console.print(ops)
 
     memory = Table(title="Resident memory (MiB)")
@@ -394,9 +401,12 @@ def render_tables(reports: Sequence[BackendReport], args: argparse.Namespace, co
     for report in reports:
         m = report.memory
         memory.add_row(
-            report.backend, f"{m.rss_at_checkpoint_mib:.1f} ({m.spans_at_checkpoint:,} spans)",
-            f"{m.rss_at_end_mib:.1f} ({m.spans_total:,} spans)", f"{m.growth_mib:+.1f}", f"{m.peak_rss_mib:.1f}",
-        )  # fmt: skip
+            report.backend,
+            f"{m.rss_at_checkpoint_mib:.1f} ({m.spans_at_checkpoint:,} spans)",
+            f"{m.rss_at_end_mib:.1f} ({m.spans_total:,} spans)",
+            f"{m.growth_mib:+.1f}",
+            f"{m.peak_rss_mib:.1f}",
+        )
     console.print(memory)
 
     ratio = postgres_ingest_ratio(reports)
@@ -453,7 +463,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--spans", type=positive, default=100_000, help="spans ingested (in batches of 100)")
     parser.add_argument("--queries", type=positive, default=200, help="query_spans calls")
     parser.add_argument("--concurrency", type=positive, default=1, help="tasks dequeuing at once")
-    parser.add_argument("--postgres-url", default=os.environ.get("LIGHTNING_STORE_BENCH_POSTGRES_URL", DEFAULT_POSTGRES_URL))
+    parser.add_argument(
+        "--postgres-url",
+        default=os.environ.get("LIGHTNING_STORE_BENCH_POSTGRES_URL", DEFAULT_POSTGRES_URL),
+        help="admin connection of the server to create the benchmark database on",
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON document instead of tables")
     return parser.parse_args(argv)
 

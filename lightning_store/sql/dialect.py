@@ -43,10 +43,18 @@ def contains_text(dialect_name: str, column: Any, needle: str) -> ColumnElement[
     return found
 
 
-def upsert(dialect_name: str, table: sa.Table, key_columns: Sequence[str], values: dict[str, Any]) -> sa.Insert:
-    """``INSERT … ON CONFLICT (keys) DO UPDATE`` setting every non-key column given in ``values``."""
+def upsert(
+    dialect_name: str,
+    table: sa.Table,
+    key_columns: Sequence[str],
+    values: dict[str, Any],
+    *,
+    on_conflict: dict[str, Any] | None = None,
+) -> sa.Insert:
+    """``INSERT … ON CONFLICT (keys) DO UPDATE`` setting every non-key column given in ``values``, or the
+    expressions in ``on_conflict`` when given. Atomic even when the row does not exist yet."""
     module: Any = postgresql if dialect_name == "postgresql" else sqlite
     stmt = module.insert(table).values(values)
-    update = {name: stmt.excluded[name] for name in values if name not in key_columns}
+    update = on_conflict or {name: stmt.excluded[name] for name in values if name not in key_columns}
     result: sa.Insert = stmt.on_conflict_do_update(index_elements=list(key_columns), set_=update)
     return result

@@ -48,7 +48,10 @@ async def fetch_page(
     check_sort_order(sort_order)
     column = sort_column(table, sort_by, sortable)
     total = (await conn.execute(sa.select(sa.func.count()).select_from(query.subquery()))).scalar_one()
-    order = [] if column is None else [column.desc() if sort_order == "desc" else column.asc()]
+    # NULL sorts as the largest value on both backends (Postgres' default; SQLite's is the opposite).
+    order = (
+        [] if column is None else [column.desc().nulls_first() if sort_order == "desc" else column.asc().nulls_last()]
+    )
     query = query.order_by(*order, tiebreak.desc() if sort_order == "desc" and column is not None else tiebreak)
     if limit >= 0:
         query = query.limit(limit)

@@ -13,7 +13,7 @@ from lightning_store.models import PaginatedResult, SortOrder
 from lightning_store.resources import NamedResources, ResourcesUpdate
 from lightning_store.sql import validate
 from lightning_store.sql.base import SqlBase
-from lightning_store.sql.dialect import contains_text
+from lightning_store.sql.dialect import contains_text, upsert
 from lightning_store.sql.paging import fetch_page
 from lightning_store.sql.rows import new_id, resources_from_row
 from lightning_store.sql.schema import resources
@@ -49,30 +49,18 @@ class ResourceOps(SqlBase):
         validate.non_empty_id(resources_id, "resources_id")
         payload = _checked(resources_)
         now = time.time()
+        row = {"resources_id": resources_id, "create_time": now, "update_time": now, "version": 1, "resources": payload}
+        # One upsert: concurrent first updates of a new id cannot both insert.
+        stmt = upsert(
+            self.dialect,
+            resources,
+            ["resources_id"],
+            row,
+            on_conflict={"update_time": now, "version": resources.c.version + 1, "resources": payload},
+        ).returning(*resources.c)
         async with self._write() as (conn, _):
-            existing = (
-                (
-                    await conn.execute(
-                        sa.select(resources).where(resources.c.resources_id == resources_id).with_for_update()
-                    )
-                )
-                .mappings()
-                .first()
-            )
-            if existing is None:
-                await conn.execute(
-                    sa.insert(resources).values(
-                        resources_id=resources_id, create_time=now, update_time=now, version=1, resources=payload
-                    )
-                )
-            else:
-                await conn.execute(
-                    sa.update(resources)
-                    .where(resources.c.resources_id == resources_id)
-                    .values(update_time=now, version=resources.c.version + 1, resources=payload)
-                )
-            row = await conn.execute(sa.select(resources).where(resources.c.resources_id == resources_id))
-            return resources_from_row(row.mappings().one())
+            stored = (await conn.execute(stmt)).mappings().one()
+        return resources_from_row(stored)
 
     async def get_resources_by_id(self, resources_id: str) -> ResourcesUpdate | None:
         async with self._read() as conn:

@@ -515,16 +515,8 @@ async def test_concurrent_updates_of_one_existing_snapshot_count_every_update(
 
 
 async def test_concurrent_first_updates_of_a_new_snapshot_all_succeed(
-    store: SqlStore, store_factory: StoreFactory, request: pytest.FixtureRequest
+    store: SqlStore, store_factory: StoreFactory
 ) -> None:
-    if not store.is_sqlite:
-        request.applymarker(
-            pytest.mark.xfail(
-                reason="store bug: update_resources of a new id races (SELECT FOR UPDATE locks no row); "
-                "concurrent creators hit a raw IntegrityError",
-                strict=True,
-            )
-        )
     other = await store_factory()
 
     results = await asyncio.gather(

@@ -554,11 +554,7 @@ async def test_query_spans_filter_logic_or_matches_any_condition(store: SqlStore
     assert [s.span_id for s in result] == ["aaaa0001", "cccc0003"]
 
 
-async def test_query_spans_contains_filter_is_case_sensitive(store: SqlStore, request: pytest.FixtureRequest) -> None:
-    if store.is_sqlite:
-        request.applymarker(
-            pytest.mark.xfail(reason="store bug: SQLite LIKE is case-insensitive for ASCII", strict=True)
-        )
+async def test_query_spans_contains_filter_is_case_sensitive(store: SqlStore) -> None:
     rollout_id = await three_distinct_spans(store)
 
     assert [s.span_id for s in await store.query_spans(rollout_id, name_contains="LLM")] == []

@@ -272,25 +272,9 @@ async def test_views_compute_what_they_claim(view_store: SqlStore) -> None:
 
 
 @pytest.mark.parametrize("database_url", BACKENDS, indirect=True)
-async def test_rewards_view_falls_back_to_a_plain_reward_attribute(view_store: SqlStore) -> None:
-    store = view_store
-    await store.enqueue_rollout({"q": 1})
-    claimed = await store.dequeue_rollout()
-    assert claimed is not None
-    await store.add_many_spans(
-        [span(claimed.rollout_id, claimed.attempt.attempt_id, 1, "reward", attributes={"reward": 1.0})]
-    )
-    assert await rows(store, "SELECT reward_name, reward FROM rewards_v") == [{"reward_name": None, "reward": 1.0}]
-
-
-@pytest.mark.xfail(
-    reason="migrations/versions/0001_initial.py _views(): rewards_v CASTs the 'reward' attribute of every span to "
-    "a number unguarded, so one span with a non-numeric 'reward' attribute makes the whole view fail on Postgres "
-    "(invalid input syntax for type double precision) and shows up as a 0.0 reward on SQLite",
-    strict=True,
-)
-@pytest.mark.parametrize("database_url", BACKENDS, indirect=True)
-async def test_rewards_view_ignores_a_non_numeric_reward_attribute(view_store: SqlStore) -> None:
+async def test_rewards_view_reads_a_legacy_reward_span(view_store: SqlStore) -> None:
+    # Older emitters put a plain "reward" attribute on a span named agentlightning.reward; the same attribute on
+    # any other span is not a reward (it may mean something else there).
     store = view_store
     await store.enqueue_rollout({"q": 1})
     claimed = await store.dequeue_rollout()
@@ -298,8 +282,30 @@ async def test_rewards_view_ignores_a_non_numeric_reward_attribute(view_store: S
     rollout_id, attempt_id = claimed.rollout_id, claimed.attempt.attempt_id
     await store.add_many_spans(
         [
-            span(rollout_id, attempt_id, 1, "judge", attributes={"reward": "high"}),
-            span(rollout_id, attempt_id, 2, "reward", attributes={"agentlightning.reward.0.value": 0.5}),
+            span(rollout_id, attempt_id, 1, "agentlightning.reward", attributes={"reward": 1.0}),
+            span(rollout_id, attempt_id, 2, "judge", attributes={"reward": 0.25}),
         ]
     )
-    assert await rows(store, "SELECT sequence_id, reward FROM rewards_v") == [{"sequence_id": 2, "reward": 0.5}]
+    assert await rows(store, "SELECT sequence_id, reward_name, reward FROM rewards_v") == [
+        {"sequence_id": 1, "reward_name": None, "reward": 1.0}
+    ]
+
+
+@pytest.mark.parametrize("database_url", BACKENDS, indirect=True)
+async def test_rewards_view_ignores_non_numeric_rewards(view_store: SqlStore) -> None:
+    # Before the guard in _views() one such span made the whole view fail on Postgres ("invalid input syntax for
+    # type double precision") and showed up as a 0.0 reward on SQLite.
+    store = view_store
+    await store.enqueue_rollout({"q": 1})
+    claimed = await store.dequeue_rollout()
+    assert claimed is not None
+    rollout_id, attempt_id = claimed.rollout_id, claimed.attempt.attempt_id
+    await store.add_many_spans(
+        [
+            span(rollout_id, attempt_id, 1, "agentlightning.reward", attributes={"reward": "high"}),
+            span(rollout_id, attempt_id, 2, "judge", attributes={"agentlightning.reward.0.value": "0.9"}),
+            span(rollout_id, attempt_id, 3, "judge", attributes={"agentlightning.reward.0.value": [1]}),
+            span(rollout_id, attempt_id, 4, "reward", attributes={"agentlightning.reward.0.value": 0.5}),
+        ]
+    )
+    assert await rows(store, "SELECT sequence_id, reward FROM rewards_v") == [{"sequence_id": 4, "reward": 0.5}]
