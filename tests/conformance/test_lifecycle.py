@@ -44,7 +44,8 @@ async def test_retryable_status_requeues_until_attempts_run_out(store: SqlStore,
 
 @pytest.mark.parametrize("status", ["failed", "timeout", "unresponsive"])
 async def test_status_outside_retry_condition_fails_the_rollout(store: SqlStore, status: AttemptStatus) -> None:
-    others: list[AttemptStatus] = [s for s in ("failed", "timeout", "unresponsive") if s != status]  # type: ignore[misc]
+    retryable: tuple[AttemptStatus, ...] = ("failed", "timeout", "unresponsive")
+    others = [s for s in retryable if s != status]
     rollout = await store.enqueue_rollout(1, config=RolloutConfig(max_attempts=5, retry_condition=others))
     claimed = await store.dequeue_rollout()
     assert claimed is not None
