@@ -58,3 +58,55 @@ def upsert(
     update = on_conflict or {name: stmt.excluded[name] for name in values if name not in key_columns}
     result: sa.Insert = stmt.on_conflict_do_update(index_elements=list(key_columns), set_=update)
     return result
+
+
+def insert_from_json_array(
+    dialect_name: str,
+    table: sa.Table,
+    fields: Sequence[str],
+    *,
+    extra_column: str,
+    conflict_columns: Sequence[str],
+    returning: Sequence[str],
+) -> sa.TextClause:
+    """``INSERT … SELECT`` of the objects in the JSON array bound as ``:doc``, one row per object.
+
+    The database splits the array (``jsonb_array_elements`` / ``json_each``), so a batch costs one JSON
+    encoding in Python and one statement, instead of one encoding per JSON column per row. Each of ``fields``
+    fills the column of the same name (cast to its type); the object's other keys go to ``extra_column``
+    (NULL when none). Rows that conflict on ``conflict_columns`` are skipped; ``returning`` names what the
+    statement returns for the rows it inserted.
+    """
+    known = ", ".join(f"'{name}'" for name in fields)
+    if dialect_name == "postgresql":
+        values = [_pg_field(table.c[name]) for name in fields]
+        values.append(f"NULLIF(d - ARRAY[{known}]::text[], '{{}}'::jsonb)")
+        source = "FROM jsonb_array_elements(CAST(:doc AS jsonb)) AS d"
+    else:
+        values = [_sqlite_field(table.c[name]) for name in fields]
+        paths = ", ".join(f"'$.{name}'" for name in fields)
+        values.append(f"NULLIF(json_remove(value, {paths}), '{{}}')")
+        # "WHERE true" keeps SQLite from reading ON CONFLICT as a join constraint of the SELECT.
+        source = "FROM json_each(:doc) WHERE true"
+    columns = ", ".join([*fields, extra_column])
+    return sa.text(
+        f"INSERT INTO {table.name} ({columns}) SELECT {', '.join(values)} {source} "
+        f"ON CONFLICT ({', '.join(conflict_columns)}) DO NOTHING RETURNING {', '.join(returning)}"
+    )
+
+
+def _pg_field(column: sa.Column[Any]) -> str:
+    name = column.name
+    if isinstance(column.type, sa.JSON):
+        return f"d -> '{name}'"
+    if isinstance(column.type, sa.Double):
+        return f"(d ->> '{name}')::double precision"
+    if isinstance(column.type, sa.Integer):
+        return f"(d ->> '{name}')::bigint"
+    return f"d ->> '{name}'"
+
+
+def _sqlite_field(column: sa.Column[Any]) -> str:
+    # json_extract yields SQL values for scalars and minified JSON text for objects and arrays, which is how
+    # the JSON columns are stored on SQLite.
+    return f"json_extract(value, '$.{column.name}')"

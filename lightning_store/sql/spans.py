@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -9,6 +10,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from opentelemetry.sdk.trace import ReadableSpan
+from pydantic import TypeAdapter
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from lightning_store import lifecycle
@@ -17,13 +19,16 @@ from lightning_store.models import FilterLogic, PaginatedResult, SortOrder
 from lightning_store.spans import Span
 from lightning_store.sql import validate
 from lightning_store.sql.attempts import AttemptOps
-from lightning_store.sql.dialect import contains_text, insert_ignoring_conflicts
+from lightning_store.sql.dialect import contains_text, insert_from_json_array
 from lightning_store.sql.paging import combine, fetch_page
-from lightning_store.sql.rows import span_from_row, span_to_row
+from lightning_store.sql.rows import span_from_row
 from lightning_store.sql.schema import attempts, rollouts, spans
 
 SPAN_SORTABLE = ("sequence_id", "start_time", "end_time", "name", "trace_id", "span_id", "parent_id")
 SPAN_KEY = ("rollout_id", "attempt_id", "span_id")
+SPAN_FIELDS = tuple(Span.model_fields)
+HEARTBEAT_REVIVES = ("queuing", "preparing", "requeuing")
+_span_list: TypeAdapter[list[Span]] = TypeAdapter(list[Span])
 
 
 class SpanOps(AttemptOps):
@@ -32,19 +37,19 @@ class SpanOps(AttemptOps):
         return added[0] if added else None
 
     async def add_many_spans(self, spans_: Sequence[Span]) -> Sequence[Span]:
-        batch = [validate.model(Span, span, f"spans.{i}") for i, span in enumerate(spans_)]
+        batch = [
+            span if type(span) is Span else validate.model(Span, span, f"spans.{i}") for i, span in enumerate(spans_)
+        ]
         if not batch:
             return []
         now = time.time()
+        # One JSON document for the whole batch, serialized by pydantic's Rust core.
+        doc = _span_list.dump_json(batch).decode()
         async with self._write() as (conn, _):
-            await self._check_attempts(conn, batch)
-            # One multi-row INSERT; RETURNING tells which rows were new (duplicates are skipped, not errors).
-            inserted = await conn.execute(
-                insert_ignoring_conflicts(self.dialect, spans, SPAN_KEY).returning(*(spans.c[k] for k in SPAN_KEY)),
-                [span_to_row(span) for span in batch],
-            )
+            latest = await self._lock_attempts(conn, batch)
+            inserted = await conn.execute(self._insert_spans, {"doc": doc})
             new_keys = {tuple(row) for row in inserted.all()}
-            await self._record_heartbeats(conn, batch, now)
+            await self._record_heartbeats(conn, batch, latest, now)
         seen: set[tuple[str, ...]] = set()
         added = []
         for span in batch:
@@ -54,62 +59,75 @@ class SpanOps(AttemptOps):
                 added.append(span)
         return added
 
-    async def _check_attempts(self, conn: AsyncConnection, batch: list[Span]) -> None:
-        """Every span must name an existing attempt of its rollout; lock the rollouts in a fixed order."""
-        rollout_ids = sorted({span.rollout_id for span in batch})
-        # Locking rollouts first (sorted) keeps span ingest and attempt updates from deadlocking on Postgres.
-        locked = await conn.execute(
-            sa.select(rollouts.c.rollout_id)
-            .where(rollouts.c.rollout_id.in_(rollout_ids))
-            .order_by(rollouts.c.rollout_id)
-            .with_for_update()
+    @functools.cached_property
+    def _insert_spans(self) -> sa.TextClause:
+        return insert_from_json_array(
+            self.dialect, spans, SPAN_FIELDS, extra_column="extra", conflict_columns=SPAN_KEY, returning=SPAN_KEY
         )
-        found_rollouts = set(locked.scalars())
-        known = dict(
-            (
-                await conn.execute(
-                    sa.select(attempts.c.attempt_id, attempts.c.rollout_id).where(
-                        attempts.c.attempt_id.in_({span.attempt_id for span in batch})
-                    )
-                )
-            ).all()
-        )
-        for i, span in enumerate(batch):
-            if span.rollout_id not in found_rollouts:
-                raise NotFoundError(f"rollout {span.rollout_id!r} not found", field=f"spans.{i}.rollout_id")
-            if known.get(span.attempt_id) != span.rollout_id:
-                raise NotFoundError(
-                    f"attempt {span.attempt_id!r} of rollout {span.rollout_id!r} not found",
-                    field=f"spans.{i}.attempt_id",
-                )
 
-    async def _record_heartbeats(self, conn: AsyncConnection, batch: list[Span], now: float) -> None:
+    async def _lock_attempts(self, conn: AsyncConnection, batch: list[Span]) -> dict[str, bool]:
+        """Check that every span names an attempt of its rollout, lock those rollouts (in a fixed order, so that
+        span ingest and attempt updates cannot deadlock on Postgres), and say which attempts are the latest."""
+        later = attempts.alias("later")
+        is_latest = ~sa.exists().where(
+            later.c.rollout_id == attempts.c.rollout_id, later.c.sequence_id > attempts.c.sequence_id
+        )
+        rows = (
+            await conn.execute(
+                sa.select(attempts.c.attempt_id, attempts.c.rollout_id, is_latest)
+                .join(rollouts, rollouts.c.rollout_id == attempts.c.rollout_id)
+                .where(attempts.c.attempt_id.in_({span.attempt_id for span in batch}))
+                .order_by(rollouts.c.rollout_id)
+                .with_for_update(of=rollouts)
+            )
+        ).all()
+        owner = {attempt_id: rollout_id for attempt_id, rollout_id, _ in rows}
+        for i, span in enumerate(batch):
+            if owner.get(span.attempt_id) != span.rollout_id:
+                await self._raise_missing(conn, span, i)
+        return {attempt_id: bool(latest) for attempt_id, _, latest in rows}
+
+    async def _raise_missing(self, conn: AsyncConnection, span: Span, index: int) -> None:
+        found = await conn.execute(sa.select(rollouts.c.pk).where(rollouts.c.rollout_id == span.rollout_id))
+        if found.first() is None:
+            raise NotFoundError(f"rollout {span.rollout_id!r} not found", field=f"spans.{index}.rollout_id")
+        raise NotFoundError(
+            f"attempt {span.attempt_id!r} of rollout {span.rollout_id!r} not found", field=f"spans.{index}.attempt_id"
+        )
+
+    async def _record_heartbeats(
+        self, conn: AsyncConnection, batch: list[Span], latest: dict[str, bool], now: float
+    ) -> None:
         """Spans are heartbeats: revive their attempts, mark rollouts running, advance span counters."""
-        attempt_ids = sorted({span.attempt_id for span in batch})
         revived = sa.case(
             (attempts.c.status.in_(("preparing", "unresponsive")), sa.literal("running")), else_=attempts.c.status
         )
         await conn.execute(
             sa.update(attempts)
-            .where(attempts.c.attempt_id.in_(attempt_ids))
+            .where(attempts.c.attempt_id.in_(sorted(latest)))
             .values(last_heartbeat_time=now, status=revived)
         )
-        latest = await self._latest_attempts(conn, sorted({span.rollout_id for span in batch}))
-        running = sorted(r for r, attempt in latest.items() if attempt.attempt_id in attempt_ids)
-        if running:
-            await conn.execute(
-                sa.update(rollouts)
-                .where(rollouts.c.rollout_id.in_(running), rollouts.c.status.in_(("queuing", "preparing", "requeuing")))
-                .values(status=lifecycle.heartbeat_rollout_status("preparing"))
-            )
-        highest: dict[str, int] = {}
+        per_rollout: dict[str, tuple[int, bool]] = {}
         for span in batch:
-            highest[span.rollout_id] = max(highest.get(span.rollout_id, 0), span.sequence_id)
+            highest, heartbeat = per_rollout.get(span.rollout_id, (0, False))
+            per_rollout[span.rollout_id] = (max(highest, span.sequence_id), heartbeat or latest[span.attempt_id])
+        highest_seq = sa.bindparam("m", type_=sa.BigInteger())
         await conn.execute(
             sa.update(rollouts)
-            .where(rollouts.c.rollout_id == sa.bindparam("r"), rollouts.c.last_span_seq < sa.bindparam("m"))
-            .values(last_span_seq=sa.bindparam("m")),
-            [{"r": r, "m": m} for r, m in sorted(highest.items())],
+            .where(rollouts.c.rollout_id == sa.bindparam("r"))
+            .values(
+                last_span_seq=sa.case(
+                    (rollouts.c.last_span_seq < highest_seq, highest_seq), else_=rollouts.c.last_span_seq
+                ),
+                status=sa.case(
+                    (
+                        sa.and_(sa.bindparam("beat", type_=sa.Boolean()), rollouts.c.status.in_(HEARTBEAT_REVIVES)),
+                        sa.literal(lifecycle.heartbeat_rollout_status("preparing")),
+                    ),
+                    else_=rollouts.c.status,
+                ),
+            ),
+            [{"r": r, "m": m, "beat": beat} for r, (m, beat) in sorted(per_rollout.items())],
         )
 
     async def add_otel_span(
