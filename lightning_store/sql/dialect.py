@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -41,6 +42,14 @@ def contains_text(dialect_name: str, column: Any, needle: str) -> ColumnElement[
     position = sa.func.strpos if dialect_name == "postgresql" else sa.func.instr
     found: ColumnElement[bool] = position(column, needle) > 0
     return found
+
+
+@functools.lru_cache(maxsize=64)
+def upsert_by_name(
+    dialect_name: str, table: sa.Table, key_columns: tuple[str, ...], columns: tuple[str, ...]
+) -> sa.Insert:
+    """A cached ``upsert`` whose values are bound by column name at execution: ``conn.execute(stmt, values)``."""
+    return upsert(dialect_name, table, key_columns, {name: sa.bindparam(name) for name in columns})
 
 
 def upsert(

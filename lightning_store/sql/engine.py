@@ -38,7 +38,7 @@ def make_engine(url: str | URL, *, pool_size: int = 10) -> AsyncEngine:
     """An async engine. SQLite gets WAL, enforced foreign keys, a busy timeout and explicit transactions."""
     parsed = normalize_url(url)
     if not is_sqlite(parsed):
-        return create_async_engine(parsed, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+        return create_async_engine(parsed, pool_size=pool_size, max_overflow=pool_size)
     kwargs: dict[str, Any] = {}
     if is_memory_sqlite(parsed):
         kwargs["poolclass"] = StaticPool

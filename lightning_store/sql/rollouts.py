@@ -31,8 +31,27 @@ from lightning_store.sql.attempts import AttemptOps
 from lightning_store.sql.dialect import contains_text, insert_ignoring_conflicts, json_matches
 from lightning_store.sql.paging import combine, fetch_page
 from lightning_store.sql.rows import new_id, rollout_from_row
-from lightning_store.sql.schema import QUEUED, attempts, resources, rollouts
+from lightning_store.sql.schema import QUEUED, resources, rollouts
 from lightning_store.sql.workers import WorkerOps
+
+# The claim. The partial index ix_rollouts_queue covers exactly this predicate (a literal, so the planner can match
+# it). SKIP LOCKED lets concurrent claimers take the next rows instead of waiting for ours; a row we lock is never
+# handed to anyone else, and its attempt is created in the same transaction.
+_CLAIM = (
+    sa.update(rollouts)
+    .where(
+        rollouts.c.pk.in_(
+            sa.select(rollouts.c.pk)
+            .where(sa.text(QUEUED))
+            .order_by(rollouts.c.enqueue_time, rollouts.c.pk)
+            .limit(sa.bindparam("limit"))
+            .with_for_update(skip_locked=True)
+            .scalar_subquery()
+        )
+    )
+    .values(status="preparing")
+    .returning(*rollouts.c)
+)
 
 ROLLOUT_SORTABLE = ("rollout_id", "start_time", "end_time", "status", "mode", "resources_id")
 
@@ -83,11 +102,16 @@ class RolloutOps(AttemptOps, WorkerOps):
                 }
                 for r in requests
             ]
-            stmt = insert_ignoring_conflicts(self.dialect, rollouts, ["rollout_id"])
-            await conn.execute(stmt, rows)
+            stmt = insert_ignoring_conflicts(self.dialect, rollouts, ["rollout_id"]).returning(*rollouts.c)
+            inserted = (await conn.execute(stmt, rows)).mappings().all()
+            stored: dict[str, Rollout] = {row["rollout_id"]: rollout_from_row(row) for row in inserted}
             ids = [row["rollout_id"] for row in rows]
-            stored = await self._rollouts_by_id(conn, ids)
-            wakeups.add("queue")
+            existing = [rollout_id for rollout_id in ids if rollout_id not in stored]
+            if existing:
+                # Idempotent repeats: return what is stored, untouched.
+                stored.update(await self._rollouts_by_id(conn, existing))
+            if inserted:
+                wakeups.add("queue")
         return [stored[rollout_id] for rollout_id in ids]
 
     async def _resolve_resources(self, conn: AsyncConnection, requests: list[EnqueueRolloutRequest]) -> str | None:
@@ -176,42 +200,17 @@ class RolloutOps(AttemptOps, WorkerOps):
         """Pop up to ``limit`` rollouts and create their attempts in one transaction."""
         now = time.time()
         async with self._write() as (conn, _):
-            # The partial index ix_rollouts_queue covers exactly this predicate (a literal, so the planner can
-            # match it). SKIP LOCKED lets concurrent claimers take the next rows instead of waiting for ours;
-            # a row we lock is never handed to anyone else, and the attempt is created before commit.
-            rows = list(
-                (
-                    await conn.execute(
-                        sa.select(rollouts)
-                        .where(sa.text(QUEUED))
-                        .order_by(rollouts.c.enqueue_time, rollouts.c.pk)
-                        .limit(limit)
-                        .with_for_update(skip_locked=True)
-                    )
-                ).mappings()
-            )
+            claimed_rows = (await conn.execute(_CLAIM, {"limit": limit})).mappings().all()
+            rows = sorted(claimed_rows, key=lambda r: (r["enqueue_time"], r["pk"]))
             if not rows:
                 if worker_id and mark_idle:
                     await self._mark_worker_idle(conn, worker_id, now)
                 return []
-            ids = [row["rollout_id"] for row in rows]
-            await conn.execute(sa.update(rollouts).where(rollouts.c.rollout_id.in_(ids)).values(status="preparing"))
-            counts = dict(
-                (
-                    await conn.execute(
-                        sa.select(attempts.c.rollout_id, sa.func.max(attempts.c.sequence_id))
-                        .where(attempts.c.rollout_id.in_(ids))
-                        .group_by(attempts.c.rollout_id)
-                    )
-                ).all()
-            )
-            claimed: list[AttemptedRollout] = []
-            for row in rows:
-                sequence_id = int(counts.get(row["rollout_id"]) or 0) + 1
-                attempt = await transitions.create_attempt(conn, row["rollout_id"], worker_id, now, sequence_id)
-                result = rollout_from_row({**row, "status": "preparing"}, attempt)  # type: ignore[arg-type]
-                assert isinstance(result, AttemptedRollout)
-                claimed.append(result)
+            attempts_ = await transitions.create_attempts(conn, [row["rollout_id"] for row in rows], worker_id, now)
+            claimed = [
+                AttemptedRollout.model_validate({**rollout_from_row(row).model_dump(), "attempt": attempt})
+                for row, attempt in zip(rows, attempts_, strict=True)
+            ]
             await transitions.sync_worker(conn, self.dialect, claimed[-1].attempt, now, dequeued=True)
         return claimed
 

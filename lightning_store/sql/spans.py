@@ -30,6 +30,45 @@ SPAN_FIELDS = tuple(Span.model_fields)
 HEARTBEAT_REVIVES = ("queuing", "preparing", "requeuing")
 _span_list: TypeAdapter[list[Span]] = TypeAdapter(list[Span])
 
+# The statements of the ingest path are built once (building one costs more than running it).
+_later = attempts.alias("later")
+_LOCK_ATTEMPTS = (
+    sa.select(
+        attempts.c.attempt_id,
+        attempts.c.rollout_id,
+        ~sa.exists().where(_later.c.rollout_id == attempts.c.rollout_id, _later.c.sequence_id > attempts.c.sequence_id),
+    )
+    .join(rollouts, rollouts.c.rollout_id == attempts.c.rollout_id)
+    .where(attempts.c.attempt_id.in_(sa.bindparam("attempt_ids", expanding=True)))
+    .order_by(rollouts.c.rollout_id)
+    .with_for_update(of=rollouts)
+)
+_HEARTBEAT_ATTEMPTS = (
+    sa.update(attempts)
+    .where(attempts.c.attempt_id.in_(sa.bindparam("attempt_ids", expanding=True)))
+    .values(
+        last_heartbeat_time=sa.bindparam("now", type_=sa.Double()),
+        status=sa.case(
+            (attempts.c.status.in_(("preparing", "unresponsive")), sa.literal("running")), else_=attempts.c.status
+        ),
+    )
+)
+_highest_seq = sa.bindparam("m", type_=sa.BigInteger())
+_HEARTBEAT_ROLLOUTS = (
+    sa.update(rollouts)
+    .where(rollouts.c.rollout_id == sa.bindparam("r"))
+    .values(
+        last_span_seq=sa.case((rollouts.c.last_span_seq < _highest_seq, _highest_seq), else_=rollouts.c.last_span_seq),
+        status=sa.case(
+            (
+                sa.and_(sa.bindparam("beat", type_=sa.Boolean()), rollouts.c.status.in_(HEARTBEAT_REVIVES)),
+                sa.literal(lifecycle.heartbeat_rollout_status("preparing")),
+            ),
+            else_=rollouts.c.status,
+        ),
+    )
+)
+
 
 class SpanOps(AttemptOps):
     async def add_span(self, span: Span) -> Span | None:
@@ -68,19 +107,7 @@ class SpanOps(AttemptOps):
     async def _lock_attempts(self, conn: AsyncConnection, batch: list[Span]) -> dict[str, bool]:
         """Check that every span names an attempt of its rollout, lock those rollouts (in a fixed order, so that
         span ingest and attempt updates cannot deadlock on Postgres), and say which attempts are the latest."""
-        later = attempts.alias("later")
-        is_latest = ~sa.exists().where(
-            later.c.rollout_id == attempts.c.rollout_id, later.c.sequence_id > attempts.c.sequence_id
-        )
-        rows = (
-            await conn.execute(
-                sa.select(attempts.c.attempt_id, attempts.c.rollout_id, is_latest)
-                .join(rollouts, rollouts.c.rollout_id == attempts.c.rollout_id)
-                .where(attempts.c.attempt_id.in_({span.attempt_id for span in batch}))
-                .order_by(rollouts.c.rollout_id)
-                .with_for_update(of=rollouts)
-            )
-        ).all()
+        rows = (await conn.execute(_LOCK_ATTEMPTS, {"attempt_ids": sorted({span.attempt_id for span in batch})})).all()
         owner = {attempt_id: rollout_id for attempt_id, rollout_id, _ in rows}
         for i, span in enumerate(batch):
             if owner.get(span.attempt_id) != span.rollout_id:
@@ -99,35 +126,13 @@ class SpanOps(AttemptOps):
         self, conn: AsyncConnection, batch: list[Span], latest: dict[str, bool], now: float
     ) -> None:
         """Spans are heartbeats: revive their attempts, mark rollouts running, advance span counters."""
-        revived = sa.case(
-            (attempts.c.status.in_(("preparing", "unresponsive")), sa.literal("running")), else_=attempts.c.status
-        )
-        await conn.execute(
-            sa.update(attempts)
-            .where(attempts.c.attempt_id.in_(sorted(latest)))
-            .values(last_heartbeat_time=now, status=revived)
-        )
+        await conn.execute(_HEARTBEAT_ATTEMPTS, {"attempt_ids": sorted(latest), "now": now})
         per_rollout: dict[str, tuple[int, bool]] = {}
         for span in batch:
             highest, heartbeat = per_rollout.get(span.rollout_id, (0, False))
             per_rollout[span.rollout_id] = (max(highest, span.sequence_id), heartbeat or latest[span.attempt_id])
-        highest_seq = sa.bindparam("m", type_=sa.BigInteger())
         await conn.execute(
-            sa.update(rollouts)
-            .where(rollouts.c.rollout_id == sa.bindparam("r"))
-            .values(
-                last_span_seq=sa.case(
-                    (rollouts.c.last_span_seq < highest_seq, highest_seq), else_=rollouts.c.last_span_seq
-                ),
-                status=sa.case(
-                    (
-                        sa.and_(sa.bindparam("beat", type_=sa.Boolean()), rollouts.c.status.in_(HEARTBEAT_REVIVES)),
-                        sa.literal(lifecycle.heartbeat_rollout_status("preparing")),
-                    ),
-                    else_=rollouts.c.status,
-                ),
-            ),
-            [{"r": r, "m": m, "beat": beat} for r, (m, beat) in sorted(per_rollout.items())],
+            _HEARTBEAT_ROLLOUTS, [{"r": r, "m": m, "beat": beat} for r, (m, beat) in sorted(per_rollout.items())]
         )
 
     async def add_otel_span(

@@ -22,9 +22,20 @@ from lightning_store.models import (
     RolloutStatus,
 )
 from lightning_store.sql.base import Wakeups
-from lightning_store.sql.dialect import upsert
+from lightning_store.sql.dialect import upsert_by_name
 from lightning_store.sql.rows import attempt_from_row, new_id
 from lightning_store.sql.schema import attempts, rollouts, workers
+
+_earlier = attempts.alias("earlier")
+_INSERT_NEXT_ATTEMPT = (
+    sa.insert(attempts)
+    .values(
+        sequence_id=sa.select(sa.func.coalesce(sa.func.max(_earlier.c.sequence_id), 0) + 1)
+        .where(_earlier.c.rollout_id == sa.bindparam("of_rollout"))
+        .scalar_subquery()
+    )
+    .returning(attempts.c.attempt_id, attempts.c.sequence_id, sort_by_parameter_order=True)
+)
 
 
 async def lock_rollout(conn: AsyncConnection, rollout_id: str) -> sa.RowMapping:
@@ -86,16 +97,25 @@ async def create_attempt(
     conn: AsyncConnection, rollout_id: str, worker_id: str | None, now: float, sequence_id: int | None = None
 ) -> Attempt:
     """Insert the next attempt of a (locked) rollout."""
-    if sequence_id is None:
-        current = (
-            await conn.execute(
-                sa.select(sa.func.coalesce(sa.func.max(attempts.c.sequence_id), 0)).where(
-                    attempts.c.rollout_id == rollout_id
-                )
-            )
-        ).scalar_one()
-        sequence_id = int(current) + 1
-    attempt = Attempt(
+    if sequence_id is not None:
+        attempt = _new_attempt(rollout_id, worker_id, now, sequence_id)
+        await conn.execute(sa.insert(attempts).values(attempt.model_dump()))
+        return attempt
+    return (await create_attempts(conn, [rollout_id], worker_id, now))[0]
+
+
+async def create_attempts(
+    conn: AsyncConnection, rollout_ids: list[str], worker_id: str | None, now: float
+) -> list[Attempt]:
+    """Insert the next attempt of each (locked) rollout in one statement; sequence ids follow the last ones."""
+    new = [_new_attempt(rollout_id, worker_id, now, 0) for rollout_id in rollout_ids]
+    params = [{**attempt.model_dump(exclude={"sequence_id"}), "of_rollout": attempt.rollout_id} for attempt in new]
+    sequence_ids: dict[str, int] = dict((await conn.execute(_INSERT_NEXT_ATTEMPT, params)).all())
+    return [attempt.model_copy(update={"sequence_id": sequence_ids[attempt.attempt_id]}) for attempt in new]
+
+
+def _new_attempt(rollout_id: str, worker_id: str | None, now: float, sequence_id: int) -> Attempt:
+    return Attempt(
         rollout_id=rollout_id,
         attempt_id=new_id("at"),
         sequence_id=sequence_id,
@@ -103,8 +123,6 @@ async def create_attempt(
         status="preparing",
         worker_id=worker_id,
     )
-    await conn.execute(sa.insert(attempts).values(attempt.model_dump()))
-    return attempt
 
 
 async def sync_worker(
@@ -116,7 +134,7 @@ async def sync_worker(
     values: dict[str, Any] = {"worker_id": attempt.worker_id, **lifecycle.worker_fields_for_attempt(attempt, now)}
     if dequeued:
         values["last_dequeue_time"] = now
-    await conn.execute(upsert(dialect, workers, ["worker_id"], values))
+    await conn.execute(upsert_by_name(dialect, workers, ("worker_id",), tuple(values)), values)
 
 
 async def set_attempt_status(
