@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -53,6 +54,10 @@ _CLAIM = (
     .returning(*rollouts.c)
 )
 
+_LATEST_RESOURCES_ID = (
+    sa.select(resources.c.resources_id).order_by(resources.c.update_time.desc(), resources.c.pk.desc()).limit(1)
+)
+
 ROLLOUT_SORTABLE = ("rollout_id", "start_time", "end_time", "status", "mode", "resources_id")
 
 
@@ -82,7 +87,10 @@ class RolloutOps(AttemptOps, WorkerOps):
         return (await self.enqueue_many_rollouts([request]))[0]
 
     async def enqueue_many_rollouts(self, rollouts_: Sequence[EnqueueRolloutRequest]) -> Sequence[Rollout]:
-        requests = [validate.model(EnqueueRolloutRequest, r, f"rollouts.{i}") for i, r in enumerate(rollouts_)]
+        requests = [
+            r if type(r) is EnqueueRolloutRequest else validate.model(EnqueueRolloutRequest, r, f"rollouts.{i}")
+            for i, r in enumerate(rollouts_)
+        ]
         if not requests:
             return []
         now = time.time()
@@ -102,8 +110,7 @@ class RolloutOps(AttemptOps, WorkerOps):
                 }
                 for r in requests
             ]
-            stmt = insert_ignoring_conflicts(self.dialect, rollouts, ["rollout_id"]).returning(*rollouts.c)
-            inserted = (await conn.execute(stmt, rows)).mappings().all()
+            inserted = (await conn.execute(self._insert_rollouts, rows)).mappings().all()
             stored: dict[str, Rollout] = {row["rollout_id"]: rollout_from_row(row) for row in inserted}
             ids = [row["rollout_id"] for row in rows]
             existing = [rollout_id for rollout_id in ids if rollout_id not in stored]
@@ -113,6 +120,10 @@ class RolloutOps(AttemptOps, WorkerOps):
             if inserted:
                 wakeups.add("queue")
         return [stored[rollout_id] for rollout_id in ids]
+
+    @functools.cached_property
+    def _insert_rollouts(self) -> sa.Insert:
+        return insert_ignoring_conflicts(self.dialect, rollouts, ["rollout_id"]).returning(*rollouts.c)
 
     async def _resolve_resources(self, conn: AsyncConnection, requests: list[EnqueueRolloutRequest]) -> str | None:
         """Check that named resources exist; return the latest snapshot's id for requests that name none."""
@@ -129,10 +140,7 @@ class RolloutOps(AttemptOps, WorkerOps):
                     raise NotFoundError(f"resources {r.resources_id!r} not found", field=field)
         if all(r.resources_id is not None for r in requests):
             return None
-        latest = await conn.execute(
-            sa.select(resources.c.resources_id).order_by(resources.c.update_time.desc(), resources.c.pk.desc()).limit(1)
-        )
-        return latest.scalar_one_or_none()
+        return (await conn.execute(_LATEST_RESOURCES_ID)).scalar_one_or_none()
 
     async def start_rollout(
         self,
