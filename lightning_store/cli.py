@@ -18,6 +18,7 @@ from lightning_store.settings import load_settings
 
 app = typer.Typer(help="lightning-store: a durable rollout and span store for agent RL.", no_args_is_help=True)
 console = Console()
+errors = Console(stderr=True)
 logger = logging.getLogger(__name__)
 
 DatabaseUrl = Annotated[
@@ -99,10 +100,10 @@ def sql(
     try:
         columns, rows = asyncio.run(run())
     except sa.exc.DBAPIError as exc:
-        console.print(f"[red]query failed:[/red] {exc.orig}")
+        errors.print(f"[red]query failed:[/red] {exc.orig}")
         raise typer.Exit(1) from None
     except sa.exc.SQLAlchemyError as exc:
-        console.print(f"[red]query failed:[/red] {exc}")
+        errors.print(f"[red]query failed:[/red] {exc}")
         raise typer.Exit(1) from None
     if not columns:
         console.print("the statement returned no rows")
