@@ -61,6 +61,20 @@ _LATEST_RESOURCES_ID = (
 ROLLOUT_SORTABLE = ("rollout_id", "start_time", "end_time", "status", "mode", "resources_id")
 
 
+def _new_row(request: EnqueueRolloutRequest, default_resources: str | None, now: float, status: str) -> dict[str, Any]:
+    """A new rollout's row; config and metadata are copied so later changes to the request do not leak in."""
+    return {
+        "rollout_id": request.rollout_id or new_id("ro"),
+        "input": request.input,
+        "start_time": now,
+        "mode": request.mode,
+        "resources_id": request.resources_id or default_resources,
+        "status": status,
+        "config": (request.config or RolloutConfig()).model_dump(mode="json"),
+        "metadata": dict(request.metadata) if request.metadata is not None else {},
+    }
+
+
 class RolloutOps(AttemptOps, WorkerOps):
     async def enqueue_rollout(
         self,
@@ -96,20 +110,7 @@ class RolloutOps(AttemptOps, WorkerOps):
         now = time.time()
         async with self._write() as (conn, wakeups):
             default_resources = await self._resolve_resources(conn, requests)
-            rows = [
-                {
-                    "rollout_id": r.rollout_id or new_id("ro"),
-                    "input": r.input,
-                    "start_time": now,
-                    "mode": r.mode,
-                    "resources_id": r.resources_id or default_resources,
-                    "status": "queuing",
-                    "config": (r.config or RolloutConfig()).model_dump(mode="json"),
-                    "metadata": dict(r.metadata) if r.metadata is not None else {},
-                    "enqueue_time": now,
-                }
-                for r in requests
-            ]
+            rows = [{**_new_row(r, default_resources, now, "queuing"), "enqueue_time": now} for r in requests]
             inserted = (await conn.execute(self._insert_rollouts, rows)).mappings().all()
             stored: dict[str, Rollout] = {row["rollout_id"]: rollout_from_row(row) for row in inserted}
             ids = [row["rollout_id"] for row in rows]
@@ -159,23 +160,11 @@ class RolloutOps(AttemptOps, WorkerOps):
         now = time.time()
         async with self._write() as (conn, _):
             default_resources = await self._resolve_resources(conn, [request])
-            rollout_id = new_id("ro")
-            await conn.execute(
-                sa.insert(rollouts).values(
-                    rollout_id=rollout_id,
-                    input=request.input,
-                    start_time=now,
-                    mode=request.mode,
-                    resources_id=request.resources_id or default_resources,
-                    status="preparing",
-                    config=(request.config or RolloutConfig()).model_dump(mode="json"),
-                    metadata=dict(request.metadata) if request.metadata is not None else {},
-                )
-            )
-            attempt = await transitions.create_attempt(conn, rollout_id, worker_id, now, sequence_id=1)
+            new = _new_row(request, default_resources, now, "preparing")
+            stored = (await conn.execute(sa.insert(rollouts).values(new).returning(*rollouts.c))).mappings().one()
+            attempt = await transitions.create_attempt(conn, new["rollout_id"], worker_id, now, sequence_id=1)
             await transitions.sync_worker(conn, self.dialect, attempt, now)
-            row = await transitions.lock_rollout(conn, rollout_id)
-        result = rollout_from_row(row, attempt)
+        result = rollout_from_row(stored, attempt)
         assert isinstance(result, AttemptedRollout)
         return result
 
@@ -231,7 +220,7 @@ class RolloutOps(AttemptOps, WorkerOps):
                 sa.update(rollouts).where(rollouts.c.rollout_id == rollout_id).values(status="preparing", end_time=None)
             )
             await transitions.sync_worker(conn, self.dialect, attempt, now)
-        result = rollout_from_row({**row, "status": "preparing", "end_time": None}, attempt)  # type: ignore[arg-type]
+        result = rollout_from_row({**row, "status": "preparing", "end_time": None}, attempt)
         assert isinstance(result, AttemptedRollout)
         return result
 

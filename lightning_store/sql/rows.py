@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from typing import Any
 
 import sqlalchemy as sa
@@ -22,7 +23,7 @@ def new_id(prefix: str, nbytes: int = 6) -> str:
     return f"{prefix}-{secrets.token_hex(nbytes)}"
 
 
-def rollout_from_row(row: sa.RowMapping, attempt: Attempt | None = None) -> Rollout:
+def rollout_from_row(row: sa.RowMapping | Mapping[str, Any], attempt: Attempt | None = None) -> Rollout:
     fields: dict[str, Any] = {name: row[name] for name in ROLLOUT_COLUMNS}
     fields["config"] = RolloutConfig.model_validate(row["config"])
     if attempt is None:
