@@ -30,6 +30,44 @@ DatabaseUrl = Annotated[
 
 
 @app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Address to bind [default: 127.0.0.1].")] = None,
+    port: Annotated[int | None, typer.Option(help="Port [default: 4747].")] = None,
+    database_url: DatabaseUrl = None,
+    workers: Annotated[int | None, typer.Option(help="Server processes (Postgres only) [default: 1].")] = None,
+    token: Annotated[
+        str | None, typer.Option(help="Bearer token required on every route but health [env: LIGHTNING_STORE_TOKEN].")
+    ] = None,
+    insecure: Annotated[bool, typer.Option("--insecure", help="Allow a non-loopback host without a token.")] = False,
+    max_body_bytes: Annotated[int | None, typer.Option(help="Largest request body [default: 32 MiB].")] = None,
+    migrate_on_start: Annotated[
+        bool | None, typer.Option("--migrate/--no-migrate", help="Upgrade the schema first [default: on for SQLite].")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Serve the store over HTTP: the Agent Lightning 0.3 REST API under /v1/agl, OTLP at /v1/traces, /metrics."""
+    from lightning_store.errors import StoreError
+    from lightning_store.server.run import serve as run_server
+    from lightning_store.settings import load_server_settings
+
+    settings = load_server_settings(
+        host=host,
+        port=port,
+        database_url=database_url,
+        workers=workers,
+        token=token,
+        insecure=insecure or None,
+        max_body_bytes=max_body_bytes,
+        migrate_on_start=migrate_on_start,
+    )
+    try:
+        run_server(settings, log_level=log_level)
+    except StoreError as exc:
+        errors.print(f"[red]cannot serve:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
+@app.command()
 def migrate(database_url: DatabaseUrl = None, revision: str = "head") -> None:
     """Upgrade the database schema to REVISION (default: the newest)."""
     from lightning_store.migrate import current_revision, upgrade

@@ -274,6 +274,11 @@ class LightningStore(Protocol):
         """Record a heartbeat (and optionally stats) for a worker, creating it when new."""
         ...
 
+    async def scan_unhealthy(self) -> int:
+        """Run one watchdog scan now (an addition; the watchdog also runs on its own); returns how many attempts
+        it marked timed out or unresponsive."""
+        ...
+
     async def close(self) -> None:
         """Stop background tasks and release connections."""
         ...

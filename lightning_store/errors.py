@@ -18,3 +18,7 @@ class NotFoundError(StoreError):
 
 class InvalidRequestError(StoreError):
     """An argument is malformed or asks for a transition the store does not allow."""
+
+
+class UnauthorizedError(StoreError):
+    """The server wants a bearer token that the client did not send (or sent wrong)."""

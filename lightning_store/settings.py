@@ -41,3 +41,18 @@ class StoreSettings(BaseSettings):
 def load_settings(**overrides: Any) -> StoreSettings:
     """Settings from the environment, with explicit arguments (those not ``None``) taking precedence."""
     return StoreSettings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+class ServerSettings(StoreSettings):
+    """Settings of ``store serve`` (the store's settings plus these)."""
+
+    host: str = Field(default="127.0.0.1", description="Address to bind.")
+    port: int = Field(default=4747, ge=0, le=65535, description="Port to bind (Agent Lightning's default).")
+    workers: int = Field(default=1, ge=1, description="Server processes; more than one needs Postgres.")
+    token: str | None = Field(default=None, description="Bearer token every route but health requires.")
+    insecure: bool = Field(default=False, description="Allow a non-loopback host without a token.")
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0, description="Largest request body accepted.")
+
+
+def load_server_settings(**overrides: Any) -> ServerSettings:
+    return ServerSettings(**{k: v for k, v in overrides.items() if v is not None})

@@ -1,24 +1,34 @@
-"""Shared fixtures. ``store`` is the conformance fixture: one store contract, every backend."""
+"""Shared fixtures. ``store`` is the conformance fixture: one store contract, every backend.
+
+Backends: the SQL store on SQLite and on Postgres, and the HTTP client talking to a real ``store serve``
+application (uvicorn on 127.0.0.1, an ephemeral port) over each of them.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
 
+from lightning_store.client import HttpStore
+from lightning_store.contract import LightningStore
+from lightning_store.server import create_app
+from lightning_store.settings import ServerSettings
 from lightning_store.sql import SqlStore, open_store
 from tests.postgres import TemplateDatabases, server_answers
 
 # Small torch/BLAS workloads slow down badly when another process holds the CPU; keep tests polite.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-BACKENDS = ["sqlite", "postgres"]
+BACKENDS = ["sqlite", "postgres", "http-sqlite", "http-postgres"]
 
-StoreFactory = Callable[..., Awaitable[SqlStore]]
+StoreFactory = Callable[..., Awaitable[LightningStore]]
 
 
 @pytest.fixture(scope="session")
@@ -38,12 +48,18 @@ def pg_templates(postgres_available: bool) -> Iterator[TemplateDatabases | None]
 
 
 @pytest.fixture
+def backend(request: pytest.FixtureRequest) -> str:
+    """The backend under test; conformance tests are parametrized over all of them (see below)."""
+    return str(getattr(request, "param", "sqlite"))
+
+
+@pytest.fixture
 async def database_url(
-    request: pytest.FixtureRequest, tmp_path: Path, pg_templates: TemplateDatabases | None
+    request: pytest.FixtureRequest, backend: str, tmp_path: Path, pg_templates: TemplateDatabases | None
 ) -> AsyncIterator[str]:
-    """A fresh, migrated database of the backend named by the test's ``backend`` parameter."""
-    backend = getattr(request, "param", "sqlite")
-    if backend == "sqlite":
+    """A fresh, migrated database of the test's backend (or of the one given as this fixture's parameter)."""
+    kind = str(getattr(request, "param", None) or backend).removeprefix("http-")
+    if kind == "sqlite":
         yield f"sqlite+aiosqlite:///{tmp_path / 'store.db'}"
         return
     if pg_templates is None:
@@ -53,33 +69,55 @@ async def database_url(
     await pg_templates.drop(url)
 
 
+@contextlib.asynccontextmanager
+async def serving(store: LightningStore, **settings: Any) -> AsyncIterator[str]:
+    """A real HTTP server for ``store`` on 127.0.0.1 (an ephemeral port), in this event loop; yields its URL."""
+    app = create_app(ServerSettings(**settings), store=store)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
 @pytest.fixture
-async def store_factory(database_url: str) -> AsyncIterator[StoreFactory]:
-    """Opens stores over the test's database; several stores stand for several processes."""
-    opened: list[SqlStore] = []
+async def store_factory(backend: str, database_url: str) -> AsyncIterator[StoreFactory]:
+    """Opens stores over the test's database; several stores stand for several processes (for HTTP backends:
+    several servers, each with its own SQL store, and a client for each)."""
+    async with contextlib.AsyncExitStack() as stack:
 
-    async def factory(**settings: Any) -> SqlStore:
-        settings.setdefault("watchdog_interval", 0)
-        store = await open_store(database_url, migrate=True, **settings)
-        opened.append(store)
-        return store
+        async def factory(**settings: Any) -> LightningStore:
+            settings.setdefault("watchdog_interval", 0)
+            sql_store: SqlStore = await open_store(database_url, migrate=True, **settings)
+            stack.push_async_callback(sql_store.close)
+            if not backend.startswith("http-"):
+                return sql_store
+            url = await stack.enter_async_context(serving(sql_store))
+            client = HttpStore(url)
+            stack.push_async_callback(client.close)
+            return client
 
-    yield factory
-    for store in opened:
-        await store.close()
+        yield factory
 
 
 @pytest.fixture
-async def store(store_factory: StoreFactory) -> SqlStore:
+async def store(store_factory: StoreFactory) -> LightningStore:
     return await store_factory()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # Every test under tests/conformance runs once per backend.
-    if "database_url" in metafunc.fixturenames and "conformance" in str(metafunc.definition.path):
+    if "backend" in metafunc.fixturenames and "conformance" in str(metafunc.definition.path):
         metafunc.parametrize(
-            "database_url",
-            [pytest.param(b, marks=[pytest.mark.postgres] if b == "postgres" else []) for b in BACKENDS],
+            "backend",
+            [pytest.param(b, marks=[pytest.mark.postgres] if "postgres" in b else []) for b in BACKENDS],
             indirect=True,
             ids=BACKENDS,
         )

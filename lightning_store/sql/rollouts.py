@@ -96,7 +96,7 @@ class RolloutOps(AttemptOps, WorkerOps):
                 "metadata": metadata,
                 "rollout_id": rollout_id,
             },
-            "rollout",
+            "",
         )
         return (await self.enqueue_many_rollouts([request]))[0]
 
@@ -155,7 +155,7 @@ class RolloutOps(AttemptOps, WorkerOps):
         request = validate.model(
             EnqueueRolloutRequest,
             {"input": input, "mode": mode, "resources_id": resources_id, "config": config, "metadata": metadata},
-            "rollout",
+            "",
         )
         now = time.time()
         async with self._write() as (conn, _):

@@ -22,8 +22,8 @@ def all_of(values: Iterable[Any] | None, allowed: tuple[str, ...], field: str) -
         return
     if isinstance(values, str):
         raise InvalidRequestError(f"{field} must be a list of statuses, not a string", field=field)
-    for value in values:
-        one_of(value, allowed, field)
+    for i, value in enumerate(values):
+        one_of(value, allowed, f"{field}.{i}")
 
 
 def model(cls: type[M], value: Any, field: str) -> M:
@@ -32,7 +32,7 @@ def model(cls: type[M], value: Any, field: str) -> M:
         return cls.model_validate(value.model_dump() if isinstance(value, BaseModel) else value)
     except ValidationError as exc:
         error = exc.errors()[0]
-        path = ".".join(str(part) for part in (field, *error["loc"]))
+        path = ".".join(str(part) for part in (field, *error["loc"]) if part != "")
         raise InvalidRequestError(f"{path}: {error['msg']}", field=path) from None
 
 

@@ -8,9 +8,9 @@ import time
 import pytest
 
 from lightning_store import RolloutConfig
+from lightning_store.contract import LightningStore
 from lightning_store.models import AttemptStatus
 from lightning_store.spans import Span
-from lightning_store.sql import SqlStore
 from tests.conftest import StoreFactory
 
 
@@ -26,7 +26,7 @@ def span_for(rollout_id: str, attempt_id: str, span_id: str = "s1", sequence_id:
 
 
 @pytest.mark.parametrize("status", ["failed", "timeout", "unresponsive"])
-async def test_retryable_status_requeues_until_attempts_run_out(store: SqlStore, status: AttemptStatus) -> None:
+async def test_retryable_status_requeues_until_attempts_run_out(store: LightningStore, status: AttemptStatus) -> None:
     config = RolloutConfig(max_attempts=2, retry_condition=[status])
     rollout = await store.enqueue_rollout(1, config=config)
     first = await store.dequeue_rollout()
@@ -43,7 +43,7 @@ async def test_retryable_status_requeues_until_attempts_run_out(store: SqlStore,
 
 
 @pytest.mark.parametrize("status", ["failed", "timeout", "unresponsive"])
-async def test_status_outside_retry_condition_fails_the_rollout(store: SqlStore, status: AttemptStatus) -> None:
+async def test_status_outside_retry_condition_fails_the_rollout(store: LightningStore, status: AttemptStatus) -> None:
     retryable: tuple[AttemptStatus, ...] = ("failed", "timeout", "unresponsive")
     others = [s for s in retryable if s != status]
     rollout = await store.enqueue_rollout(1, config=RolloutConfig(max_attempts=5, retry_condition=others))
@@ -55,7 +55,7 @@ async def test_status_outside_retry_condition_fails_the_rollout(store: SqlStore,
 
 
 @pytest.mark.parametrize("status", ["preparing", "running", "succeeded"])
-async def test_other_statuses_carry_over_to_the_rollout(store: SqlStore, status: AttemptStatus) -> None:
+async def test_other_statuses_carry_over_to_the_rollout(store: LightningStore, status: AttemptStatus) -> None:
     started = await store.start_rollout(1)
     attempt = await store.update_attempt(started.rollout_id, "latest", status=status)
     rollout = await store.get_rollout_by_id(started.rollout_id)
@@ -64,7 +64,7 @@ async def test_other_statuses_carry_over_to_the_rollout(store: SqlStore, status:
     assert (rollout.end_time is not None) == (status == "succeeded")
 
 
-async def test_only_the_latest_attempt_decides(store: SqlStore) -> None:
+async def test_only_the_latest_attempt_decides(store: LightningStore) -> None:
     rollout = await store.enqueue_rollout(1, config=RolloutConfig(max_attempts=3, retry_condition=["failed"]))
     first = await store.dequeue_rollout()
     assert first is not None
@@ -78,7 +78,7 @@ async def test_only_the_latest_attempt_decides(store: SqlStore) -> None:
     assert stored is not None and stored.status == "succeeded"
 
 
-async def test_a_span_is_a_heartbeat(store: SqlStore) -> None:
+async def test_a_span_is_a_heartbeat(store: LightningStore) -> None:
     rollout = await store.enqueue_rollout(1)
     claimed = await store.dequeue_rollout()
     assert claimed is not None
@@ -91,7 +91,7 @@ async def test_a_span_is_a_heartbeat(store: SqlStore) -> None:
     assert stored is not None and stored.status == "running"
 
 
-async def test_a_span_revives_an_unresponsive_attempt(store: SqlStore) -> None:
+async def test_a_span_revives_an_unresponsive_attempt(store: LightningStore) -> None:
     config = RolloutConfig(max_attempts=2, retry_condition=["unresponsive"])
     rollout = await store.enqueue_rollout(1, config=config)
     claimed = await store.dequeue_rollout()
@@ -106,7 +106,7 @@ async def test_a_span_revives_an_unresponsive_attempt(store: SqlStore) -> None:
     assert await store.dequeue_rollout() is None
 
 
-async def test_a_span_does_not_revive_a_finished_rollout(store: SqlStore) -> None:
+async def test_a_span_does_not_revive_a_finished_rollout(store: LightningStore) -> None:
     started = await store.start_rollout(1)
     await store.update_attempt(started.rollout_id, "latest", status="succeeded")
     await store.add_span(span_for(started.rollout_id, started.attempt.attempt_id))
@@ -144,7 +144,7 @@ async def test_watchdog_marks_silent_attempts_unresponsive(store_factory: StoreF
     assert stored is not None and stored.status == "failed"
 
 
-async def test_heartbeats_keep_an_attempt_responsive(store: SqlStore) -> None:
+async def test_heartbeats_keep_an_attempt_responsive(store: LightningStore) -> None:
     rollout = await store.enqueue_rollout(1, config=RolloutConfig(unresponsive_seconds=0.3))
     claimed = await store.dequeue_rollout()
     assert claimed is not None
@@ -160,7 +160,7 @@ async def test_heartbeats_keep_an_attempt_responsive(store: SqlStore) -> None:
     assert await store.scan_unhealthy() == 0
 
 
-async def test_watchdog_ignores_rollouts_without_limits(store: SqlStore) -> None:
+async def test_watchdog_ignores_rollouts_without_limits(store: LightningStore) -> None:
     await store.enqueue_rollout(1)
     assert await store.dequeue_rollout() is not None
     await asyncio.sleep(0.05)

@@ -1,7 +1,7 @@
-from lightning_store.sql import SqlStore
+from lightning_store.contract import LightningStore
 
 
-async def test_enqueue_then_dequeue_claims_the_rollout(store: SqlStore) -> None:
+async def test_enqueue_then_dequeue_claims_the_rollout(store: LightningStore) -> None:
     rollout = await store.enqueue_rollout({"question": "2+2"})
     claimed = await store.dequeue_rollout(worker_id="w1")
     assert claimed is not None

@@ -16,10 +16,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link as OtelLink
 from opentelemetry.trace import Status, StatusCode
 
+from lightning_store.contract import LightningStore
 from lightning_store.errors import InvalidRequestError, NotFoundError
 from lightning_store.models import AttemptedRollout, RolloutConfig
 from lightning_store.spans import Event, Link, OtelResource, Span, SpanContext, TraceStatus
-from lightning_store.sql import SqlStore
 from tests.conftest import StoreFactory
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -48,14 +48,14 @@ def make_span(
     )
 
 
-async def spans_of(store: SqlStore, rollout_id: str) -> list[Span]:
+async def spans_of(store: LightningStore, rollout_id: str) -> list[Span]:
     return list(await store.query_spans(rollout_id))
 
 
 # Ingest --------------------------------------------------------------------------------------------------
 
 
-async def test_add_span_round_trips_every_field_including_unknown_extras(store: SqlStore) -> None:
+async def test_add_span_round_trips_every_field_including_unknown_extras(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
     data: dict[str, Any] = {
         "rollout_id": rollout.rollout_id,
@@ -89,7 +89,7 @@ async def test_add_span_round_trips_every_field_including_unknown_extras(store: 
     assert stored.model_extra == {"future_field": data["future_field"], "another_extra": 3}
 
 
-async def test_add_span_returns_the_span_then_none_for_a_duplicate(store: SqlStore) -> None:
+async def test_add_span_returns_the_span_then_none_for_a_duplicate(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
     span = make_span(rollout, "s1")
 
@@ -100,7 +100,7 @@ async def test_add_span_returns_the_span_then_none_for_a_duplicate(store: SqlSto
     assert stored.name == "step"
 
 
-async def test_add_many_spans_ignores_duplicates_within_one_batch(store: SqlStore) -> None:
+async def test_add_many_spans_ignores_duplicates_within_one_batch(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
     first, second = make_span(rollout, "s1", name="first"), make_span(rollout, "s2", sequence_id=2)
     again = make_span(rollout, "s1", name="again", sequence_id=3)
@@ -113,7 +113,7 @@ async def test_add_many_spans_ignores_duplicates_within_one_batch(store: SqlStor
     assert [(s.span_id, s.name) for s in stored] == [("s1", "first"), ("s2", "step")]
 
 
-async def test_add_many_spans_returns_only_spans_new_across_calls(store: SqlStore) -> None:
+async def test_add_many_spans_returns_only_spans_new_across_calls(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
     await store.add_many_spans([make_span(rollout, "s1"), make_span(rollout, "s2", sequence_id=2)])
 
@@ -125,14 +125,14 @@ async def test_add_many_spans_returns_only_spans_new_across_calls(store: SqlStor
     assert (await store.query_spans(rollout.rollout_id)).total == 3
 
 
-async def test_add_many_spans_of_only_duplicates_returns_empty(store: SqlStore) -> None:
+async def test_add_many_spans_of_only_duplicates_returns_empty(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
     await store.add_span(make_span(rollout, "s1"))
 
     assert list(await store.add_many_spans([make_span(rollout, "s1"), make_span(rollout, "s1")])) == []
 
 
-async def test_same_span_id_in_another_attempt_is_not_a_duplicate(store: SqlStore) -> None:
+async def test_same_span_id_in_another_attempt_is_not_a_duplicate(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
     second = await store.start_attempt(rollout.rollout_id)
 
@@ -143,11 +143,11 @@ async def test_same_span_id_in_another_attempt_is_not_a_duplicate(store: SqlStor
     assert (await store.query_spans(rollout.rollout_id)).total == 2
 
 
-async def test_add_many_spans_of_an_empty_batch_returns_empty(store: SqlStore) -> None:
+async def test_add_many_spans_of_an_empty_batch_returns_empty(store: LightningStore) -> None:
     assert list(await store.add_many_spans([])) == []
 
 
-async def test_span_of_unknown_rollout_raises_and_writes_nothing_of_the_batch(store: SqlStore) -> None:
+async def test_span_of_unknown_rollout_raises_and_writes_nothing_of_the_batch(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
     good = make_span(rollout, "s1", sequence_id=50)
     bad = good.model_copy(update={"rollout_id": "ro-missing", "span_id": "s2"})
@@ -164,7 +164,7 @@ async def test_span_of_unknown_rollout_raises_and_writes_nothing_of_the_batch(st
     assert await store.get_next_span_sequence_id(rollout.rollout_id, rollout.attempt.attempt_id) < 50
 
 
-async def test_span_naming_an_attempt_of_another_rollout_raises_and_writes_nothing(store: SqlStore) -> None:
+async def test_span_naming_an_attempt_of_another_rollout_raises_and_writes_nothing(store: LightningStore) -> None:
     mine = await store.start_rollout({"q": 1})
     other = await store.start_rollout({"q": 2})
     good = make_span(mine, "s1")
@@ -181,7 +181,7 @@ async def test_span_naming_an_attempt_of_another_rollout_raises_and_writes_nothi
     assert rollout.status == "preparing"
 
 
-async def test_span_of_unknown_attempt_raises_not_found(store: SqlStore) -> None:
+async def test_span_of_unknown_attempt_raises_not_found(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
 
     with pytest.raises(NotFoundError) as caught:
@@ -190,7 +190,7 @@ async def test_span_of_unknown_attempt_raises_not_found(store: SqlStore) -> None
     assert caught.value.field == "spans.0.attempt_id"
 
 
-async def test_malformed_span_raises_invalid_request_naming_the_field(store: SqlStore) -> None:
+async def test_malformed_span_raises_invalid_request_naming_the_field(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
     bad: Any = {**make_span(rollout, "s1").model_dump(), "sequence_id": -1}
 
@@ -204,7 +204,7 @@ async def test_malformed_span_raises_invalid_request_naming_the_field(store: Sql
 # A span is a heartbeat -----------------------------------------------------------------------------------
 
 
-async def test_span_marks_preparing_attempt_and_rollout_running(store: SqlStore) -> None:
+async def test_span_marks_preparing_attempt_and_rollout_running(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
     before = time.time()
 
@@ -220,7 +220,7 @@ async def test_span_marks_preparing_attempt_and_rollout_running(store: SqlStore)
     assert stored.status == "running"
 
 
-async def test_duplicate_span_still_counts_as_a_heartbeat(store: SqlStore) -> None:
+async def test_duplicate_span_still_counts_as_a_heartbeat(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
     await store.add_span(make_span(rollout, "s1"))
     first = await store.get_latest_attempt(rollout.rollout_id)
@@ -233,7 +233,7 @@ async def test_duplicate_span_still_counts_as_a_heartbeat(store: SqlStore) -> No
     assert second.last_heartbeat_time >= first.last_heartbeat_time
 
 
-async def test_span_revives_unresponsive_attempt_and_its_requeuing_rollout(store: SqlStore) -> None:
+async def test_span_revives_unresponsive_attempt_and_its_requeuing_rollout(store: LightningStore) -> None:
     config = RolloutConfig(max_attempts=2, retry_condition=["unresponsive"])
     rollout = await store.start_rollout({"q": 1}, config=config)
     await store.update_attempt(rollout.rollout_id, rollout.attempt.attempt_id, status="unresponsive")
@@ -249,7 +249,7 @@ async def test_span_revives_unresponsive_attempt_and_its_requeuing_rollout(store
     assert await store.dequeue_rollout() is None
 
 
-async def test_span_leaves_a_finished_attempt_and_rollout_as_they_are(store: SqlStore) -> None:
+async def test_span_leaves_a_finished_attempt_and_rollout_as_they_are(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
     await store.update_attempt(rollout.rollout_id, rollout.attempt.attempt_id, status="succeeded")
 
@@ -261,7 +261,7 @@ async def test_span_leaves_a_finished_attempt_and_rollout_as_they_are(store: Sql
     assert stored is not None and stored.status == "succeeded"
 
 
-async def test_span_of_an_older_attempt_does_not_change_the_rollout(store: SqlStore) -> None:
+async def test_span_of_an_older_attempt_does_not_change_the_rollout(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
     await store.start_attempt(rollout.rollout_id)
 
@@ -276,7 +276,7 @@ async def test_span_of_an_older_attempt_does_not_change_the_rollout(store: SqlSt
 # Sequence ids --------------------------------------------------------------------------------------------
 
 
-async def test_next_span_sequence_id_strictly_increases(store: SqlStore) -> None:
+async def test_next_span_sequence_id_strictly_increases(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
 
     ids = [await store.get_next_span_sequence_id(rollout.rollout_id, rollout.attempt.attempt_id) for _ in range(5)]
@@ -285,7 +285,7 @@ async def test_next_span_sequence_id_strictly_increases(store: SqlStore) -> None
     assert ids[0] >= 1
 
 
-async def test_span_sequence_counters_are_per_rollout(store: SqlStore) -> None:
+async def test_span_sequence_counters_are_per_rollout(store: LightningStore) -> None:
     first = await store.start_rollout({"q": 1})
     second = await store.start_rollout({"q": 2})
     drawn = [await store.get_next_span_sequence_id(first.rollout_id, first.attempt.attempt_id) for _ in range(5)]
@@ -295,7 +295,7 @@ async def test_span_sequence_counters_are_per_rollout(store: SqlStore) -> None:
     assert other == drawn[0]
 
 
-async def test_span_sequence_counter_spans_the_attempts_of_a_rollout(store: SqlStore) -> None:
+async def test_span_sequence_counter_spans_the_attempts_of_a_rollout(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
     first = await store.get_next_span_sequence_id(rollout.rollout_id, rollout.attempt.attempt_id)
     second_attempt = await store.start_attempt(rollout.rollout_id)
@@ -305,11 +305,13 @@ async def test_span_sequence_counter_spans_the_attempts_of_a_rollout(store: SqlS
     assert second > first
 
 
-async def test_concurrent_span_sequence_ids_are_all_distinct(store: SqlStore, store_factory: StoreFactory) -> None:
+async def test_concurrent_span_sequence_ids_are_all_distinct(
+    store: LightningStore, store_factory: StoreFactory
+) -> None:
     rollout = await store.start_rollout({"q": 1})
     other = await store_factory()
 
-    async def draw(s: SqlStore, n: int) -> list[int]:
+    async def draw(s: LightningStore, n: int) -> list[int]:
         return [await s.get_next_span_sequence_id(rollout.rollout_id, rollout.attempt.attempt_id) for _ in range(n)]
 
     results = await asyncio.gather(*(draw(store, 50) for _ in range(8)), *(draw(other, 50) for _ in range(4)))
@@ -322,7 +324,7 @@ async def test_concurrent_span_sequence_ids_are_all_distinct(store: SqlStore, st
     assert await store.get_next_span_sequence_id(rollout.rollout_id, rollout.attempt.attempt_id) > max(drawn)
 
 
-async def test_get_many_span_sequence_ids_hands_out_distinct_increasing_numbers(store: SqlStore) -> None:
+async def test_get_many_span_sequence_ids_hands_out_distinct_increasing_numbers(store: LightningStore) -> None:
     first = await store.start_rollout({"q": 1})
     second = await store.start_rollout({"q": 2})
     a1, a2 = first.attempt.attempt_id, second.attempt.attempt_id
@@ -337,11 +339,11 @@ async def test_get_many_span_sequence_ids_hands_out_distinct_increasing_numbers(
     assert await store.get_next_span_sequence_id(second.rollout_id, a2) > ids[1]
 
 
-async def test_get_many_span_sequence_ids_of_nothing_is_empty(store: SqlStore) -> None:
+async def test_get_many_span_sequence_ids_of_nothing_is_empty(store: LightningStore) -> None:
     assert list(await store.get_many_span_sequence_ids([])) == []
 
 
-async def test_span_sequence_id_of_unknown_attempt_raises_not_found(store: SqlStore) -> None:
+async def test_span_sequence_id_of_unknown_attempt_raises_not_found(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
     other = await store.start_rollout({"q": 2})
     before = await store.get_next_span_sequence_id(rollout.rollout_id, rollout.attempt.attempt_id)
@@ -356,7 +358,7 @@ async def test_span_sequence_id_of_unknown_attempt_raises_not_found(store: SqlSt
     assert await store.get_next_span_sequence_id(rollout.rollout_id, rollout.attempt.attempt_id) == before + 1
 
 
-async def test_span_with_explicit_high_sequence_id_advances_the_counter(store: SqlStore) -> None:
+async def test_span_with_explicit_high_sequence_id_advances_the_counter(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
 
     await store.add_span(make_span(rollout, "s1", sequence_id=100))
@@ -364,7 +366,7 @@ async def test_span_with_explicit_high_sequence_id_advances_the_counter(store: S
     assert await store.get_next_span_sequence_id(rollout.rollout_id, rollout.attempt.attempt_id) > 100
 
 
-async def test_span_with_lower_sequence_id_does_not_move_the_counter_back(store: SqlStore) -> None:
+async def test_span_with_lower_sequence_id_does_not_move_the_counter_back(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
     await store.add_span(make_span(rollout, "s1", sequence_id=100))
 
@@ -394,7 +396,7 @@ def finished_otel_spans() -> tuple[ReadableSpan, ReadableSpan]:
     return child_span, parent_span
 
 
-async def test_add_otel_span_converts_and_stores_a_readable_span(store: SqlStore) -> None:
+async def test_add_otel_span_converts_and_stores_a_readable_span(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
     child, parent = finished_otel_spans()
     ctx = child.get_span_context()
@@ -421,7 +423,7 @@ async def test_add_otel_span_converts_and_stores_a_readable_span(store: SqlStore
     assert stored.resource.attributes["service.name"] == "agent-under-test"
 
 
-async def test_add_otel_span_without_sequence_id_draws_the_next_one(store: SqlStore) -> None:
+async def test_add_otel_span_without_sequence_id_draws_the_next_one(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
     child, parent = finished_otel_spans()
     attempt_id = rollout.attempt.attempt_id
@@ -435,7 +437,7 @@ async def test_add_otel_span_without_sequence_id_draws_the_next_one(store: SqlSt
     assert [s.name for s in await spans_of(store, rollout.rollout_id)] == ["parent", "child"]
 
 
-async def test_add_otel_span_twice_is_a_duplicate(store: SqlStore) -> None:
+async def test_add_otel_span_twice_is_a_duplicate(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
     child, _ = finished_otel_spans()
 
@@ -447,7 +449,7 @@ async def test_add_otel_span_twice_is_a_duplicate(store: SqlStore) -> None:
 # Queries -------------------------------------------------------------------------------------------------
 
 
-async def two_attempts_with_spans(store: SqlStore) -> tuple[AttemptedRollout, AttemptedRollout]:
+async def two_attempts_with_spans(store: LightningStore) -> tuple[AttemptedRollout, AttemptedRollout]:
     first = await store.start_rollout({"q": 1})
     await store.add_many_spans([make_span(first, "a1"), make_span(first, "a2", sequence_id=2)])
     second = await store.start_attempt(first.rollout_id)
@@ -455,7 +457,7 @@ async def two_attempts_with_spans(store: SqlStore) -> tuple[AttemptedRollout, At
     return first, second
 
 
-async def test_query_spans_of_all_attempts(store: SqlStore) -> None:
+async def test_query_spans_of_all_attempts(store: LightningStore) -> None:
     first, _ = await two_attempts_with_spans(store)
 
     result = await store.query_spans(first.rollout_id, None)
@@ -464,7 +466,7 @@ async def test_query_spans_of_all_attempts(store: SqlStore) -> None:
     assert result.total == 3
 
 
-async def test_query_spans_of_latest_attempt(store: SqlStore) -> None:
+async def test_query_spans_of_latest_attempt(store: LightningStore) -> None:
     first, second = await two_attempts_with_spans(store)
 
     result = await store.query_spans(first.rollout_id, "latest")
@@ -473,7 +475,7 @@ async def test_query_spans_of_latest_attempt(store: SqlStore) -> None:
     assert {s.attempt_id for s in result} == {second.attempt.attempt_id}
 
 
-async def test_query_spans_of_a_specific_attempt(store: SqlStore) -> None:
+async def test_query_spans_of_a_specific_attempt(store: LightningStore) -> None:
     first, _ = await two_attempts_with_spans(store)
 
     result = await store.query_spans(first.rollout_id, first.attempt.attempt_id)
@@ -482,7 +484,7 @@ async def test_query_spans_of_a_specific_attempt(store: SqlStore) -> None:
     assert result.total == 2
 
 
-async def test_query_spans_of_latest_attempt_of_rollout_without_attempts_is_empty(store: SqlStore) -> None:
+async def test_query_spans_of_latest_attempt_of_rollout_without_attempts_is_empty(store: LightningStore) -> None:
     queued = await store.enqueue_rollout({"q": 1})
 
     result = await store.query_spans(queued.rollout_id, "latest")
@@ -490,13 +492,13 @@ async def test_query_spans_of_latest_attempt_of_rollout_without_attempts_is_empt
     assert list(result) == [] and result.total == 0
 
 
-async def test_query_spans_of_unknown_rollout_raises_not_found(store: SqlStore) -> None:
+async def test_query_spans_of_unknown_rollout_raises_not_found(store: LightningStore) -> None:
     with pytest.raises(NotFoundError) as caught:
         await store.query_spans("ro-missing")
     assert caught.value.field == "rollout_id"
 
 
-async def test_query_spans_of_unknown_attempt_raises_not_found(store: SqlStore) -> None:
+async def test_query_spans_of_unknown_attempt_raises_not_found(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
     other = await store.start_rollout({"q": 2})
 
@@ -507,7 +509,7 @@ async def test_query_spans_of_unknown_attempt_raises_not_found(store: SqlStore) 
         await store.query_spans(rollout.rollout_id, other.attempt.attempt_id)
 
 
-async def three_distinct_spans(store: SqlStore) -> str:
+async def three_distinct_spans(store: LightningStore) -> str:
     rollout = await store.start_rollout({"q": 1})
     await store.add_many_spans(
         [
@@ -537,7 +539,7 @@ async def three_distinct_spans(store: SqlStore) -> str:
         ({"trace_id": "trace-two", "name": "llm.call"}, []),
     ],
 )
-async def test_query_spans_filters(store: SqlStore, filters: dict[str, str], expected: list[str]) -> None:
+async def test_query_spans_filters(store: LightningStore, filters: dict[str, str], expected: list[str]) -> None:
     rollout_id = await three_distinct_spans(store)
 
     result = await store.query_spans(rollout_id, **filters)  # type: ignore[arg-type]
@@ -546,7 +548,7 @@ async def test_query_spans_filters(store: SqlStore, filters: dict[str, str], exp
     assert result.total == len(expected)
 
 
-async def test_query_spans_filter_logic_or_matches_any_condition(store: SqlStore) -> None:
+async def test_query_spans_filter_logic_or_matches_any_condition(store: LightningStore) -> None:
     rollout_id = await three_distinct_spans(store)
 
     result = await store.query_spans(rollout_id, name="agent.run", span_id="cccc0003", filter_logic="or")
@@ -554,13 +556,13 @@ async def test_query_spans_filter_logic_or_matches_any_condition(store: SqlStore
     assert [s.span_id for s in result] == ["aaaa0001", "cccc0003"]
 
 
-async def test_query_spans_contains_filter_is_case_sensitive(store: SqlStore) -> None:
+async def test_query_spans_contains_filter_is_case_sensitive(store: LightningStore) -> None:
     rollout_id = await three_distinct_spans(store)
 
     assert [s.span_id for s in await store.query_spans(rollout_id, name_contains="LLM")] == []
 
 
-async def test_query_spans_filters_only_the_given_rollout(store: SqlStore) -> None:
+async def test_query_spans_filters_only_the_given_rollout(store: LightningStore) -> None:
     rollout_id = await three_distinct_spans(store)
     other = await store.start_rollout({"q": 2})
     await store.add_span(make_span(other, "aaaa0001", trace_id="trace-one"))
@@ -570,14 +572,14 @@ async def test_query_spans_filters_only_the_given_rollout(store: SqlStore) -> No
     assert {s.rollout_id for s in result} == {rollout_id}
 
 
-async def test_query_spans_sorts_by_sequence_id_by_default(store: SqlStore) -> None:
+async def test_query_spans_sorts_by_sequence_id_by_default(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
     await store.add_many_spans([make_span(rollout, "late", sequence_id=9), make_span(rollout, "early", sequence_id=2)])
 
     assert [s.span_id for s in await store.query_spans(rollout.rollout_id)] == ["early", "late"]
 
 
-async def test_query_spans_sort_by_name_descending(store: SqlStore) -> None:
+async def test_query_spans_sort_by_name_descending(store: LightningStore) -> None:
     rollout_id = await three_distinct_spans(store)
 
     result = await store.query_spans(rollout_id, sort_by="name", sort_order="desc")
@@ -585,7 +587,7 @@ async def test_query_spans_sort_by_name_descending(store: SqlStore) -> None:
     assert [s.name for s in result] == ["tool_50%", "llm.call", "agent.run"]
 
 
-async def test_query_spans_sort_by_start_time(store: SqlStore) -> None:
+async def test_query_spans_sort_by_start_time(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
     await store.add_many_spans(
         [
@@ -602,7 +604,7 @@ async def test_query_spans_sort_by_start_time(store: SqlStore) -> None:
     assert [s.span_id for s in descending] == ["x", "z", "y"]
 
 
-async def test_query_spans_limit_and_offset_page_with_total(store: SqlStore) -> None:
+async def test_query_spans_limit_and_offset_page_with_total(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
     await store.add_many_spans([make_span(rollout, f"s{i}", sequence_id=i) for i in range(1, 6)])
 
@@ -616,7 +618,7 @@ async def test_query_spans_limit_and_offset_page_with_total(store: SqlStore) -> 
     assert list(past_end) == [] and past_end.total == 5
 
 
-async def test_query_spans_limit_zero_returns_only_the_total(store: SqlStore) -> None:
+async def test_query_spans_limit_zero_returns_only_the_total(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
     await store.add_many_spans([make_span(rollout, f"s{i}", sequence_id=i) for i in range(1, 4)])
 
@@ -625,7 +627,7 @@ async def test_query_spans_limit_zero_returns_only_the_total(store: SqlStore) ->
     assert list(result) == [] and result.total == 3
 
 
-async def test_query_spans_rejects_unknown_sort_field(store: SqlStore) -> None:
+async def test_query_spans_rejects_unknown_sort_field(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
 
     with pytest.raises(InvalidRequestError) as caught:
@@ -633,7 +635,7 @@ async def test_query_spans_rejects_unknown_sort_field(store: SqlStore) -> None:
     assert caught.value.field == "sort_by"
 
 
-async def test_query_spans_rejects_limit_below_minus_one(store: SqlStore) -> None:
+async def test_query_spans_rejects_limit_below_minus_one(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
 
     with pytest.raises(InvalidRequestError) as caught:
@@ -641,7 +643,7 @@ async def test_query_spans_rejects_limit_below_minus_one(store: SqlStore) -> Non
     assert caught.value.field == "limit"
 
 
-async def test_query_spans_rejects_negative_offset(store: SqlStore) -> None:
+async def test_query_spans_rejects_negative_offset(store: LightningStore) -> None:
     rollout = await store.start_rollout({"q": 1})
 
     with pytest.raises(InvalidRequestError) as caught:
@@ -649,7 +651,7 @@ async def test_query_spans_rejects_negative_offset(store: SqlStore) -> None:
     assert caught.value.field == "offset"
 
 
-async def test_concurrent_duplicate_spans_are_stored_once(store: SqlStore, store_factory: StoreFactory) -> None:
+async def test_concurrent_duplicate_spans_are_stored_once(store: LightningStore, store_factory: StoreFactory) -> None:
     rollout = await store.start_rollout({"q": 1})
     other = await store_factory()
     span = make_span(rollout, "s1")

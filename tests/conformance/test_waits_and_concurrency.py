@@ -8,11 +8,11 @@ import time
 import pytest
 
 from lightning_store import EnqueueRolloutRequest, NotFoundError
-from lightning_store.sql import SqlStore
+from lightning_store.contract import LightningStore
 from tests.conftest import StoreFactory
 
 
-async def test_wait_returns_at_once_for_finished_rollouts(store: SqlStore) -> None:
+async def test_wait_returns_at_once_for_finished_rollouts(store: LightningStore) -> None:
     started = await store.start_rollout(1)
     await store.update_attempt(started.rollout_id, "latest", status="succeeded")
     begin = time.monotonic()
@@ -21,7 +21,7 @@ async def test_wait_returns_at_once_for_finished_rollouts(store: SqlStore) -> No
     assert time.monotonic() - begin < 5
 
 
-async def test_wait_times_out_with_the_finished_subset(store: SqlStore) -> None:
+async def test_wait_times_out_with_the_finished_subset(store: LightningStore) -> None:
     finished = await store.start_rollout(1)
     await store.update_attempt(finished.rollout_id, "latest", status="failed")
     pending = await store.enqueue_rollout(2)
@@ -52,7 +52,7 @@ async def test_wait_is_woken_by_completion_from_another_store(store_factory: Sto
     assert time.monotonic() - begin < 10
 
 
-async def test_cancel_wakes_waiters(store: SqlStore) -> None:
+async def test_cancel_wakes_waiters(store: LightningStore) -> None:
     rollout = await store.enqueue_rollout(1)
 
     async def cancel_later() -> None:
@@ -65,13 +65,13 @@ async def test_cancel_wakes_waiters(store: SqlStore) -> None:
     assert [r.status for r in done] == ["cancelled"]
 
 
-async def test_wait_for_unknown_rollout_raises(store: SqlStore) -> None:
+async def test_wait_for_unknown_rollout_raises(store: LightningStore) -> None:
     with pytest.raises(NotFoundError) as error:
         await store.wait_for_rollouts(rollout_ids=["ro-missing"], timeout=0.1)
     assert error.value.field == "rollout_ids"
 
 
-async def test_blocking_dequeue_times_out_empty(store: SqlStore) -> None:
+async def test_blocking_dequeue_times_out_empty(store: LightningStore) -> None:
     begin = time.monotonic()
     assert await store.dequeue_rollout(timeout=0.3) is None
     assert 0.25 <= time.monotonic() - begin < 5
@@ -91,7 +91,7 @@ async def test_blocking_dequeue_is_woken_by_enqueue_in_another_store(store_facto
     assert time.monotonic() - begin < 10
 
 
-async def test_blocking_dequeue_is_woken_by_requeue(store: SqlStore) -> None:
+async def test_blocking_dequeue_is_woken_by_requeue(store: LightningStore) -> None:
     rollout = await store.enqueue_rollout(1)
     assert await store.dequeue_rollout() is not None
 
@@ -110,7 +110,7 @@ async def test_concurrent_dequeue_claims_each_rollout_exactly_once(store_factory
     requests = [EnqueueRolloutRequest(input=i) for i in range(500)]
     enqueued = await stores[0].enqueue_many_rollouts(requests)
 
-    async def drain(store: SqlStore, worker_id: str) -> list[tuple[str, str]]:
+    async def drain(store: LightningStore, worker_id: str) -> list[tuple[str, str]]:
         claims: list[tuple[str, str]] = []
         while True:
             batch = await store.dequeue_many_rollouts(limit=3, worker_id=worker_id)

@@ -16,9 +16,9 @@ from tests.conftest import StoreFactory
 pytestmark = pytest.mark.postgres
 
 
-@pytest.fixture(params=["postgres"])
-def database_url(request: pytest.FixtureRequest, database_url: str) -> str:
-    return database_url
+@pytest.fixture
+def backend() -> str:
+    return "postgres"
 
 
 def index_names(plan: Any) -> set[str]:
@@ -54,12 +54,14 @@ async def test_claim_uses_the_partial_queue_index(store_factory: StoreFactory) -
     from lightning_store.sql.rollouts import _CLAIM
 
     store = await store_factory()
+    assert isinstance(store, SqlStore)
     await store.enqueue_many_rollouts([EnqueueRolloutRequest(input=i) for i in range(200)])
     assert "ix_rollouts_queue" in await explain(store, _CLAIM, {"limit": 1})
 
 
 async def test_span_query_uses_the_rollout_sequence_index(store_factory: StoreFactory) -> None:
     store = await store_factory()
+    assert isinstance(store, SqlStore)
     from lightning_store.sql.schema import spans
 
     query = sa.select(spans).where(spans.c.rollout_id == sa.bindparam("r")).order_by(spans.c.sequence_id)

@@ -1,0 +1,487 @@
+"""``HttpStore``: the store contract over HTTP, so that code takes "a store" and cannot tell which.
+
+Transport rules: one request per call (batch calls included); connection failures and 503 answers are retried
+with backoff — every request when the connection could not be opened (nothing was sent), and idempotent ones
+(reads, updates, span writes, enqueue with a rollout id) also when the answer was lost. Long waits are split into
+long-polls of at most ``MAX_LONG_POLL_SECONDS``. Errors come back typed: 404 → ``NotFoundError``, other 4xx →
+``InvalidRequestError`` (401 → ``UnauthorizedError``), each with the server's ``field``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+from opentelemetry.sdk.trace import ReadableSpan
+
+from lightning_store.contract import UNSET, StoreStatistics, Unset
+from lightning_store.errors import InvalidRequestError, NotFoundError, StoreError, UnauthorizedError
+from lightning_store.models import (
+    Attempt,
+    AttemptedRollout,
+    AttemptStatus,
+    EnqueueRolloutRequest,
+    FilterLogic,
+    PaginatedResult,
+    Rollout,
+    RolloutConfig,
+    RolloutMode,
+    RolloutStatus,
+    SortOrder,
+    TaskInput,
+    Worker,
+    WorkerStatus,
+)
+from lightning_store.resources import NamedResources, ResourcesUpdate
+from lightning_store.server.wire import MAX_LONG_POLL_SECONDS
+from lightning_store.spans import Span
+
+RETRY_DELAYS = (0.1, 0.5, 1.0, 2.0, 4.0)
+
+
+def _rollout(data: dict[str, Any]) -> Rollout:
+    return AttemptedRollout.model_validate(data) if "attempt" in data else Rollout.model_validate(data)
+
+
+def _id(value: str, field: str) -> str:
+    """An id as one URL path segment; an empty id is refused here (it would name another route)."""
+    if not isinstance(value, str) or not value:
+        raise InvalidRequestError(f"{field} must be a non-empty string", field=field)
+    return quote(value, safe="")
+
+
+def _set(**fields: Any) -> dict[str, Any]:
+    """Only the fields that are not UNSET: an absent key leaves the stored value alone."""
+    return {name: value for name, value in fields.items() if value is not UNSET}
+
+
+class HttpStore:
+    """A client of ``store serve``. ``base_url`` is the server root, e.g. ``http://127.0.0.1:4747``."""
+
+    def __init__(self, base_url: str, *, token: str | None = None, timeout: float = 30.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(timeout + MAX_LONG_POLL_SECONDS, connect=5.0),
+        )
+
+    async def _call(
+        self, method: str, path: str, *, json: Any = None, params: Any = None, idempotent: bool = False
+    ) -> Any:
+        for attempt, delay in enumerate((0.0, *RETRY_DELAYS)):
+            await asyncio.sleep(delay)
+            last = attempt == len(RETRY_DELAYS)
+            try:
+                response = await self._http.request(method, path, json=json, params=params)
+            except httpx.ConnectError:
+                if last:
+                    raise
+                continue
+            except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError):
+                if last or not idempotent:
+                    raise
+                continue
+            if response.status_code == 503 and not last:
+                continue
+            return self._result(response)
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _result(response: httpx.Response) -> Any:
+        if response.status_code < 300:
+            return response.json()
+        try:
+            body = response.json()
+        except ValueError:
+            body = {"detail": response.text}
+        detail, field = str(body.get("detail")), body.get("field")
+        if response.status_code == 404:
+            raise NotFoundError(detail, field=field)
+        if response.status_code == 401:
+            raise UnauthorizedError(detail, field=field)
+        if response.status_code < 500:
+            raise InvalidRequestError(detail, field=field)
+        response.raise_for_status()
+        raise AssertionError("unreachable")
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def health(self) -> bool:
+        try:
+            return (await self._http.get("/v1/agl/health")).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def statistics(self) -> StoreStatistics:
+        data: StoreStatistics = await self._call("GET", "/v1/agl/statistics", idempotent=True)
+        return data
+
+    # Rollouts --------------------------------------------------------------------------------------------
+
+    async def start_rollout(
+        self,
+        input: TaskInput,
+        mode: RolloutMode | None = None,
+        resources_id: str | None = None,
+        config: RolloutConfig | None = None,
+        metadata: dict[str, Any] | None = None,
+        worker_id: str | None = None,
+    ) -> AttemptedRollout:
+        body = {
+            "input": input,
+            "mode": mode,
+            "resources_id": resources_id,
+            "metadata": metadata,
+            "config": None if config is None else RolloutConfig.model_validate(config).model_dump(mode="json"),
+            "worker_id": worker_id,
+        }
+        return AttemptedRollout.model_validate(await self._call("POST", "/v1/agl/rollouts", json=body))
+
+    async def enqueue_rollout(
+        self,
+        input: TaskInput,
+        mode: RolloutMode | None = None,
+        resources_id: str | None = None,
+        config: RolloutConfig | None = None,
+        metadata: dict[str, Any] | None = None,
+        *,
+        rollout_id: str | None = None,
+    ) -> Rollout:
+        request = {
+            "input": input,
+            "mode": mode,
+            "resources_id": resources_id,
+            "metadata": metadata,
+            "config": config.model_dump(mode="json") if isinstance(config, RolloutConfig) else config,
+        }
+        if rollout_id is not None:
+            request["rollout_id"] = rollout_id
+        try:
+            return (await self._enqueue([request], idempotent=rollout_id is not None))[0]
+        except StoreError as exc:
+            # One rollout: name its fields as the arguments of this method, not as items of a batch.
+            exc.field = exc.field.removeprefix("rollouts.0.") if exc.field else exc.field
+            raise
+
+    async def enqueue_many_rollouts(self, rollouts: Sequence[EnqueueRolloutRequest]) -> Sequence[Rollout]:
+        if not rollouts:
+            return []
+        requests = [
+            r.model_dump(mode="json", exclude_none=True) if isinstance(r, EnqueueRolloutRequest) else r
+            for r in rollouts
+        ]
+        return await self._enqueue(requests, idempotent=all(r.get("rollout_id") for r in requests))
+
+    async def _enqueue(self, requests: list[Any], *, idempotent: bool) -> list[Rollout]:
+        data = await self._call(
+            "POST", "/v1/agl/queues/rollouts/enqueue", json={"rollouts": requests}, idempotent=idempotent
+        )
+        return [Rollout.model_validate(item) for item in data]
+
+    async def dequeue_rollout(
+        self, worker_id: str | None = None, *, timeout: float | None = None
+    ) -> AttemptedRollout | None:
+        claimed = await self.dequeue_many_rollouts(limit=1, worker_id=worker_id, timeout=timeout)
+        return claimed[0] if claimed else None
+
+    async def dequeue_many_rollouts(
+        self, *, limit: int = 1, worker_id: str | None = None, timeout: float | None = None
+    ) -> Sequence[AttemptedRollout]:
+        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+        while True:
+            body: dict[str, Any] = {"limit": limit, "worker_id": worker_id}
+            if deadline is not None:
+                body["timeout"] = max(0.0, min(deadline - time.monotonic(), MAX_LONG_POLL_SECONDS))
+            data = await self._call("POST", "/v1/agl/queues/rollouts/dequeue", json=body)
+            if data or deadline is None or time.monotonic() >= deadline:
+                return [AttemptedRollout.model_validate(item) for item in data]
+
+    async def start_attempt(self, rollout_id: str, worker_id: str | None = None) -> AttemptedRollout:
+        data = await self._call(
+            "POST", f"/v1/agl/rollouts/{_id(rollout_id, 'rollout_id')}/attempts", json={"worker_id": worker_id}
+        )
+        return AttemptedRollout.model_validate(data)
+
+    async def query_rollouts(
+        self,
+        *,
+        status_in: Sequence[RolloutStatus] | None = None,
+        rollout_id_in: Sequence[str] | None = None,
+        rollout_id_contains: str | None = None,
+        filter_logic: FilterLogic = "and",
+        sort_by: str | None = None,
+        sort_order: SortOrder = "asc",
+        limit: int = -1,
+        offset: int = 0,
+        status: Sequence[RolloutStatus] | None = None,
+        rollout_ids: Sequence[str] | None = None,
+        mode_in: Sequence[RolloutMode] | None = None,
+        metadata_match: dict[str, Any] | None = None,
+        start_time_from: float | None = None,
+        start_time_to: float | None = None,
+    ) -> PaginatedResult[Rollout]:
+        body = {
+            "status_in": status_in if status_in is not None else status,
+            "rollout_id_in": rollout_id_in if rollout_id_in is not None else rollout_ids,
+            "rollout_id_contains": rollout_id_contains,
+            "filter_logic": filter_logic,
+            "sort_by": sort_by,
+            "sort_order": sort_order,
+            "limit": limit,
+            "offset": offset,
+            "mode_in": mode_in,
+            "metadata_match": metadata_match,
+            "start_time_from": start_time_from,
+            "start_time_to": start_time_to,
+        }
+        data = await self._call("POST", "/v1/agl/rollouts/search", json=body, idempotent=True)
+        return self._page(data, _rollout)
+
+    @staticmethod
+    def _page(data: dict[str, Any], parse: Any) -> PaginatedResult[Any]:
+        return PaginatedResult(
+            items=[parse(item) for item in data["items"]],
+            limit=data["limit"],
+            offset=data["offset"],
+            total=data["total"],
+        )
+
+    async def get_rollout_by_id(self, rollout_id: str) -> Rollout | None:
+        data = await self._call("GET", f"/v1/agl/rollouts/{_id(rollout_id, 'rollout_id')}", idempotent=True)
+        return None if data is None else _rollout(data)
+
+    async def update_rollout(
+        self,
+        rollout_id: str,
+        input: TaskInput | Unset = UNSET,
+        mode: RolloutMode | None | Unset = UNSET,
+        resources_id: str | None | Unset = UNSET,
+        status: RolloutStatus | Unset = UNSET,
+        config: RolloutConfig | Unset = UNSET,
+        metadata: dict[str, Any] | None | Unset = UNSET,
+    ) -> Rollout:
+        if isinstance(config, RolloutConfig):
+            config = config.model_dump(mode="json")  # type: ignore[assignment]
+        body = _set(input=input, mode=mode, resources_id=resources_id, status=status, config=config, metadata=metadata)
+        data = await self._call("POST", f"/v1/agl/rollouts/{_id(rollout_id, 'rollout_id')}", json=body, idempotent=True)
+        # The route answers a plain rollout (as Agent Lightning's does); ours includes the latest attempt.
+        stored = await self.get_rollout_by_id(rollout_id)
+        return stored if stored is not None else Rollout.model_validate(data)
+
+    async def wait_for_rollouts(self, *, rollout_ids: list[str], timeout: float | None = None) -> list[Rollout]:
+        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+        while True:
+            step = MAX_LONG_POLL_SECONDS if deadline is None else max(0.0, deadline - time.monotonic())
+            body = {"rollout_ids": rollout_ids, "timeout": min(step, MAX_LONG_POLL_SECONDS)}
+            data = await self._call("POST", "/v1/agl/waits/rollouts", json=body, idempotent=True)
+            done = [Rollout.model_validate(item) for item in data]
+            if len({r.rollout_id for r in done}) >= len(set(rollout_ids)) or (
+                deadline is not None and time.monotonic() >= deadline
+            ):
+                return done
+
+    # Attempts --------------------------------------------------------------------------------------------
+
+    async def query_attempts(
+        self,
+        rollout_id: str,
+        *,
+        sort_by: str | None = "sequence_id",
+        sort_order: SortOrder = "asc",
+        limit: int = -1,
+        offset: int = 0,
+    ) -> PaginatedResult[Attempt]:
+        body = {"sort_by": sort_by, "sort_order": sort_order, "limit": limit, "offset": offset}
+        data = await self._call(
+            "POST", f"/v1/agl/rollouts/{_id(rollout_id, 'rollout_id')}/attempts/search", json=body, idempotent=True
+        )
+        return self._page(data, Attempt.model_validate)
+
+    async def get_latest_attempt(self, rollout_id: str) -> Attempt | None:
+        data = await self._call(
+            "GET", f"/v1/agl/rollouts/{_id(rollout_id, 'rollout_id')}/attempts/latest", idempotent=True
+        )
+        return None if data is None else Attempt.model_validate(data)
+
+    async def update_attempt(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        status: AttemptStatus | Unset = UNSET,
+        worker_id: str | Unset = UNSET,
+        last_heartbeat_time: float | Unset = UNSET,
+        metadata: dict[str, Any] | None | Unset = UNSET,
+    ) -> Attempt:
+        body = _set(status=status, worker_id=worker_id, last_heartbeat_time=last_heartbeat_time, metadata=metadata)
+        data = await self._call(
+            "POST",
+            f"/v1/agl/rollouts/{_id(rollout_id, 'rollout_id')}/attempts/{_id(attempt_id, 'attempt_id')}",
+            json=body,
+            idempotent=True,
+        )
+        return Attempt.model_validate(data)
+
+    async def scan_unhealthy(self) -> int:
+        marked: int = (await self._call("POST", "/v1/agl/watchdog/scan", idempotent=True))["marked"]
+        return marked
+
+    # Spans -----------------------------------------------------------------------------------------------
+
+    async def add_span(self, span: Span) -> Span | None:
+        added = await self.add_many_spans([span])
+        return added[0] if added else None
+
+    async def add_many_spans(self, spans: Sequence[Span]) -> Sequence[Span]:
+        if not spans:
+            return []
+        body = {"spans": [s.model_dump(mode="json") if isinstance(s, Span) else s for s in spans]}
+        data = await self._call("POST", "/v1/agl/spans/batch", json=body, idempotent=True)
+        return [Span.model_validate(item) for item in data["spans"]]
+
+    async def add_otel_span(
+        self, rollout_id: str, attempt_id: str, readable_span: ReadableSpan, sequence_id: int | None = None
+    ) -> Span | None:
+        if sequence_id is None:
+            sequence_id = await self.get_next_span_sequence_id(rollout_id, attempt_id)
+        return await self.add_span(Span.from_opentelemetry(readable_span, rollout_id, attempt_id, sequence_id))
+
+    async def get_next_span_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
+        data = await self._call("POST", "/v1/agl/spans/next", json={"rollout_id": rollout_id, "attempt_id": attempt_id})
+        return int(data["sequence_id"])
+
+    async def get_many_span_sequence_ids(self, rollout_attempt_ids: Sequence[tuple[str, str]]) -> Sequence[int]:
+        if not rollout_attempt_ids:
+            return []
+        pairs = [{"rollout_id": r, "attempt_id": a} for r, a in rollout_attempt_ids]
+        data = await self._call("POST", "/v1/agl/spans/next/batch", json={"pairs": pairs})
+        return [int(n) for n in data["sequence_ids"]]
+
+    async def query_spans(
+        self,
+        rollout_id: str,
+        attempt_id: str | None = None,
+        *,
+        trace_id: str | None = None,
+        trace_id_contains: str | None = None,
+        span_id: str | None = None,
+        span_id_contains: str | None = None,
+        parent_id: str | None = None,
+        parent_id_contains: str | None = None,
+        name: str | None = None,
+        name_contains: str | None = None,
+        filter_logic: FilterLogic = "and",
+        limit: int = -1,
+        offset: int = 0,
+        sort_by: str | None = "sequence_id",
+        sort_order: SortOrder = "asc",
+    ) -> PaginatedResult[Span]:
+        body = {
+            "rollout_id": rollout_id,
+            "attempt_id": attempt_id,
+            "trace_id": trace_id,
+            "trace_id_contains": trace_id_contains,
+            "span_id": span_id,
+            "span_id_contains": span_id_contains,
+            "parent_id": parent_id,
+            "parent_id_contains": parent_id_contains,
+            "name": name,
+            "name_contains": name_contains,
+            "filter_logic": filter_logic,
+            "limit": limit,
+            "offset": offset,
+            "sort_by": sort_by,
+            "sort_order": sort_order,
+        }
+        data = await self._call("POST", "/v1/agl/spans/search", json=body, idempotent=True)
+        return self._page(data, Span.model_validate)
+
+    # Resources -------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _resources_json(resources: NamedResources) -> Any:
+        if not isinstance(resources, dict):
+            return resources
+        return {k: v.model_dump(mode="json") if hasattr(v, "model_dump") else v for k, v in resources.items()}
+
+    async def add_resources(self, resources: NamedResources) -> ResourcesUpdate:
+        data = await self._call("POST", "/v1/agl/resources", json=self._resources_json(resources))
+        return ResourcesUpdate.model_validate(data)
+
+    async def update_resources(self, resources_id: str, resources: NamedResources) -> ResourcesUpdate:
+        data = await self._call(
+            "POST", f"/v1/agl/resources/{_id(resources_id, 'resources_id')}", json=self._resources_json(resources)
+        )
+        return ResourcesUpdate.model_validate(data)
+
+    async def get_resources_by_id(self, resources_id: str) -> ResourcesUpdate | None:
+        data = await self._call("GET", f"/v1/agl/resources/{_id(resources_id, 'resources_id')}", idempotent=True)
+        return None if data is None else ResourcesUpdate.model_validate(data)
+
+    async def get_latest_resources(self) -> ResourcesUpdate | None:
+        data = await self._call("GET", "/v1/agl/resources/latest", idempotent=True)
+        return None if data is None else ResourcesUpdate.model_validate(data)
+
+    async def query_resources(
+        self,
+        *,
+        resources_id: str | None = None,
+        resources_id_contains: str | None = None,
+        sort_by: str | None = None,
+        sort_order: SortOrder = "asc",
+        limit: int = -1,
+        offset: int = 0,
+    ) -> PaginatedResult[ResourcesUpdate]:
+        params = {
+            k: v
+            for k, v in {
+                "resources_id": resources_id,
+                "resources_id_contains": resources_id_contains,
+                "sort_by": sort_by,
+                "sort_order": sort_order,
+                "limit": limit,
+                "offset": offset,
+            }.items()
+            if v is not None
+        }
+        data = await self._call("GET", "/v1/agl/resources", params=params, idempotent=True)
+        return self._page(data, ResourcesUpdate.model_validate)
+
+    # Workers ---------------------------------------------------------------------------------------------
+
+    async def query_workers(
+        self,
+        *,
+        status_in: Sequence[WorkerStatus] | None = None,
+        worker_id_contains: str | None = None,
+        filter_logic: FilterLogic = "and",
+        sort_by: str | None = None,
+        sort_order: SortOrder = "asc",
+        limit: int = -1,
+        offset: int = 0,
+    ) -> PaginatedResult[Worker]:
+        body = {
+            "status_in": status_in,
+            "worker_id_contains": worker_id_contains,
+            "filter_logic": filter_logic,
+            "sort_by": sort_by,
+            "sort_order": sort_order,
+            "limit": limit,
+            "offset": offset,
+        }
+        data = await self._call("POST", "/v1/agl/workers/search", json=body, idempotent=True)
+        return self._page(data, Worker.model_validate)
+
+    async def get_worker_by_id(self, worker_id: str) -> Worker | None:
+        data = await self._call("GET", f"/v1/agl/workers/{_id(worker_id, 'worker_id')}", idempotent=True)
+        return None if data is None else Worker.model_validate(data)
+
+    async def update_worker(self, worker_id: str, heartbeat_stats: dict[str, Any] | Unset = UNSET) -> Worker:
+        body = _set(heartbeat_stats=heartbeat_stats)
+        data = await self._call("POST", f"/v1/agl/workers/{_id(worker_id, 'worker_id')}", json=body, idempotent=True)
+        return Worker.model_validate(data)

@@ -1,0 +1,135 @@
+"""The FastAPI application behind ``store serve``.
+
+Error contract: a caller's mistake is a 4xx whose JSON body names the field (``{"detail", "field",
+"error_type"}``): 404 for an unknown id, 422 for invalid input, 401 without the token, 413 over the size limit,
+415 for a wrong content type. A database that cannot be reached is a 503 (clients retry it). Anything else is a
+bug and a 500; it is logged with its traceback, never sent to the client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from sqlalchemy.exc import DBAPIError, OperationalError
+from starlette.responses import Response
+
+from lightning_store.contract import LightningStore
+from lightning_store.errors import InvalidRequestError, NotFoundError, StoreError
+from lightning_store.server import otlp, routes_rollouts, routes_store
+from lightning_store.server.guards import BodyTooLarge, Guards
+from lightning_store.settings import ServerSettings
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(settings: ServerSettings, store: LightningStore | None = None) -> Any:
+    """The ASGI application. Without ``store``, it opens one from ``settings`` at start-up and closes it at
+    shutdown; with one, the caller owns it."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if store is not None:
+            app.state.store = store
+            yield
+            return
+        from lightning_store.sql import open_store
+
+        opened = await open_store(settings=settings)
+        app.state.store = opened
+        try:
+            yield
+        finally:
+            await opened.close()
+
+    app = FastAPI(title="lightning-store", version="0.1.0", lifespan=lifespan)
+    app.state.max_body = settings.max_body_bytes
+    for router in (routes_store.router, routes_rollouts.router, otlp.router):
+        app.include_router(router)
+    _add_error_handlers(app)
+    _add_metrics(app)
+    return Guards(app, token=settings.token, max_body_bytes=settings.max_body_bytes)
+
+
+def _error(status: int, exc: StoreError | Exception, field: str | None = None) -> JSONResponse:
+    return JSONResponse({"detail": str(exc), "field": field, "error_type": type(exc).__name__}, status_code=status)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(NotFoundError)
+    async def not_found(_: Request, exc: NotFoundError) -> JSONResponse:
+        return _error(404, exc, exc.field)
+
+    @app.exception_handler(InvalidRequestError)
+    async def invalid(_: Request, exc: InvalidRequestError) -> JSONResponse:
+        return _error(422, exc, exc.field)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        field = ".".join(str(part) for part in first["loc"] if part != "body") or None
+        return JSONResponse(
+            {
+                "detail": f"{field}: {first['msg']}" if field else first["msg"],
+                "field": field,
+                "error_type": "ValidationError",
+                "errors": _jsonable(errors),
+            },
+            status_code=422,
+        )
+
+    @app.exception_handler(BodyTooLarge)
+    async def too_large(_: Request, exc: BodyTooLarge) -> JSONResponse:
+        return _error(413, exc)
+
+    @app.exception_handler(OperationalError)
+    async def unavailable(_: Request, exc: OperationalError) -> JSONResponse:
+        logger.warning("database unavailable: %s", exc)
+        return JSONResponse({"detail": "database unavailable, retry", "error_type": "Unavailable"}, status_code=503)
+
+    @app.exception_handler(DBAPIError)
+    async def database_error(_: Request, exc: DBAPIError) -> JSONResponse:
+        if exc.connection_invalidated:
+            return JSONResponse(
+                {"detail": "database connection lost, retry", "error_type": "Unavailable"}, status_code=503
+            )
+        logger.exception("database error")
+        return JSONResponse({"detail": "internal server error", "error_type": "DatabaseError"}, status_code=500)
+
+
+def _jsonable(errors: Any) -> Any:
+    import json
+
+    return json.loads(json.dumps(errors, default=str))
+
+
+def _add_metrics(app: FastAPI) -> None:
+    """Prometheus metrics at ``/metrics``: request counts and latencies per route template and status."""
+    registry = CollectorRegistry()
+    requests = Counter(
+        "lightning_store_http_requests", "HTTP requests", ["method", "route", "status"], registry=registry
+    )
+    latency = Histogram(
+        "lightning_store_http_request_seconds", "HTTP request latency", ["method", "route"], registry=registry
+    )
+
+    @app.middleware("http")
+    async def measure(request: Request, call_next: Any) -> Response:
+        started = time.perf_counter()
+        response: Response = await call_next(request)
+        route = getattr(request.scope.get("route"), "path", "unmatched")
+        requests.labels(request.method, route, str(response.status_code)).inc()
+        latency.labels(request.method, route).observe(time.perf_counter() - started)
+        return response
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,190 @@
+"""OTLP/HTTP trace ingest: ``POST /v1/traces`` in protobuf or JSON, optionally gzip-compressed.
+
+Each span is bound to a rollout attempt by the attributes ``agentlightning.rollout_id`` and
+``agentlightning.attempt_id`` (or ``lightning_store.…``), looked up on the span first and then on its resource;
+``…span_sequence_id`` is optional and allocated from the rollout's counter when absent. Spans without ids are
+counted as rejected in the OTLP partial-success answer; the others are stored in one batch.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import zlib
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from lightning_store.errors import InvalidRequestError
+from lightning_store.server.routes_rollouts import Store
+
+router = APIRouter()
+
+ID_PREFIXES = ("agentlightning.", "lightning_store.")
+STATUS_CODES = {0: "UNSET", 1: "OK", 2: "ERROR"}
+
+
+@router.post("/v1/traces")
+async def export_traces(request: Request, store: Store) -> Response:
+    body = _decompressed(await request.body(), request.headers.get("content-encoding", ""), request.app.state.max_body)
+    as_json = request.headers.get("content-type", "").split(";")[0].strip().lower() == "application/json"
+    export = _parse(body, as_json)
+    spans, rejected = _spans(export)
+    missing = [i for i, span in enumerate(spans) if span["sequence_id"] is None]
+    if missing:
+        numbers = await store.get_many_span_sequence_ids(
+            [(spans[i]["rollout_id"], spans[i]["attempt_id"]) for i in missing]
+        )
+        for i, number in zip(missing, numbers, strict=True):
+            spans[i]["sequence_id"] = number
+    if spans:
+        await store.add_many_spans(spans)  # type: ignore[arg-type]  # validated by the store
+    answer = ExportTraceServiceResponse()
+    if rejected:
+        answer.partial_success.rejected_spans = rejected
+        answer.partial_success.error_message = "spans without agentlightning.rollout_id/attempt_id were dropped"
+    if as_json:
+        return Response(json_format.MessageToJson(answer), media_type="application/json")
+    return Response(answer.SerializeToString(), media_type="application/x-protobuf")
+
+
+def _decompressed(body: bytes, encoding: str, limit: int) -> bytes:
+    if encoding.strip().lower() != "gzip":
+        return body
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        data = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise InvalidRequestError(f"body is not valid gzip: {exc}", field="body") from None
+    if len(data) > limit or inflater.unconsumed_tail:
+        raise InvalidRequestError(f"decompressed body over the limit of {limit} bytes", field="body")
+    return data
+
+
+def _parse(body: bytes, as_json: bool) -> ExportTraceServiceRequest:
+    export = ExportTraceServiceRequest()
+    try:
+        if as_json:
+            # OTLP/JSON writes trace and span ids as hex; protobuf's JSON mapping expects base64 for bytes.
+            json_format.ParseDict(_hex_ids_to_base64(json.loads(body or b"{}")), export)
+        else:
+            export.ParseFromString(body)
+    except (DecodeError, json_format.ParseError, ValueError) as exc:
+        raise InvalidRequestError(f"undecodable OTLP traces payload: {exc}", field="body") from None
+    return export
+
+
+def _hex_ids_to_base64(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            key: base64.b64encode(bytes.fromhex(item)).decode()
+            if key in ("traceId", "spanId", "parentSpanId") and isinstance(item, str)
+            else _hex_ids_to_base64(item)
+            for key, item in value.items()
+        }
+    if isinstance(value, list):
+        return [_hex_ids_to_base64(item) for item in value]
+    return value
+
+
+def _spans(export: ExportTraceServiceRequest) -> tuple[list[dict[str, Any]], int]:
+    spans: list[dict[str, Any]] = []
+    rejected = 0
+    for resource_spans in export.resource_spans:
+        resource = _attributes(resource_spans.resource.attributes)
+        for scope_spans in resource_spans.scope_spans:
+            for proto in scope_spans.spans:
+                attributes = _attributes(proto.attributes)
+                rollout_id = _lookup("rollout_id", attributes, resource)
+                attempt_id = _lookup("attempt_id", attributes, resource)
+                if rollout_id is None or attempt_id is None:
+                    rejected += 1
+                    continue
+                context = {
+                    "trace_id": proto.trace_id.hex(),
+                    "span_id": proto.span_id.hex(),
+                    "is_remote": False,
+                    "trace_state": {},
+                }
+                spans.append(
+                    {
+                        "rollout_id": str(rollout_id),
+                        "attempt_id": str(attempt_id),
+                        "sequence_id": _sequence_id(_lookup("span_sequence_id", attributes, resource)),
+                        "trace_id": proto.trace_id.hex(),
+                        "span_id": proto.span_id.hex(),
+                        "parent_id": proto.parent_span_id.hex() or None,
+                        "name": proto.name,
+                        "status": {
+                            "status_code": STATUS_CODES.get(proto.status.code, "UNSET"),
+                            "description": proto.status.message or None,
+                        },
+                        "attributes": attributes,
+                        "events": [
+                            {
+                                "name": e.name,
+                                "attributes": _attributes(e.attributes),
+                                "timestamp": e.time_unix_nano / 1e9 or None,
+                            }
+                            for e in proto.events
+                        ],
+                        "links": [
+                            {
+                                "context": {
+                                    "trace_id": link.trace_id.hex(),
+                                    "span_id": link.span_id.hex(),
+                                    "is_remote": True,
+                                    "trace_state": {},
+                                },
+                                "attributes": _attributes(link.attributes) or None,
+                            }
+                            for link in proto.links
+                        ],
+                        "start_time": proto.start_time_unix_nano / 1e9 or None,
+                        "end_time": proto.end_time_unix_nano / 1e9 or None,
+                        "context": context,
+                        "parent": None,
+                        "resource": {"attributes": resource, "schema_url": resource_spans.schema_url},
+                    }
+                )
+    return spans, rejected
+
+
+def _lookup(name: str, attributes: dict[str, Any], resource: dict[str, Any]) -> Any:
+    for source in (attributes, resource):
+        for prefix in ID_PREFIXES:
+            if prefix + name in source:
+                return source[prefix + name]
+    return None
+
+
+def _sequence_id(value: Any) -> int | None:
+    try:
+        number = int(str(value))
+    except ValueError:
+        return None
+    return number if number >= 0 else None
+
+
+def _attributes(items: Any) -> dict[str, Any]:
+    return {item.key: _value(item.value) for item in items if isinstance(item, KeyValue)}
+
+
+def _value(value: AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "array_value":
+        return [_value(v) for v in value.array_value.values]
+    if kind == "kvlist_value":
+        return _attributes(value.kvlist_value.values)
+    if kind == "bytes_value":
+        return value.bytes_value.hex()
+    return getattr(value, kind)

@@ -1,0 +1,99 @@
+"""Routes for rollouts, the queue, attempts and waits (``/v1/agl/…``, as Agent Lightning 0.3 serves them)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Request
+
+from lightning_store.contract import LightningStore
+from lightning_store.server import wire
+
+router = APIRouter(prefix="/v1/agl")
+
+
+def get_store(request: Request) -> LightningStore:
+    store: LightningStore = request.app.state.store
+    return store
+
+
+Store = Annotated[LightningStore, Depends(get_store)]
+
+
+@router.post("/queues/rollouts/enqueue", status_code=201)
+async def enqueue(body: wire.EnqueueBody, store: Store) -> list[dict[str, Any]]:
+    rollouts = await store.enqueue_many_rollouts(body.rollouts)
+    return [wire.rollout_json(r, with_attempt=False) for r in rollouts]
+
+
+@router.post("/queues/rollouts/dequeue")
+async def dequeue(store: Store, body: Annotated[wire.DequeueBody | None, Body()] = None) -> list[dict[str, Any]]:
+    body = body or wire.DequeueBody()
+    timeout = None if body.timeout is None else wire.long_poll(body.timeout)
+    claimed = await store.dequeue_many_rollouts(limit=body.limit, worker_id=body.worker_id, timeout=timeout)
+    return [wire.rollout_json(r) for r in claimed]
+
+
+@router.post("/rollouts", status_code=201)
+async def start_rollout(body: wire.StartRolloutBody, store: Store) -> dict[str, Any]:
+    started = await store.start_rollout(
+        body.input, body.mode, body.resources_id, body.config, body.metadata, body.worker_id
+    )
+    return wire.rollout_json(started)
+
+
+@router.post("/rollouts/search")
+async def search_rollouts(body: wire.QueryRolloutsBody, store: Store) -> dict[str, Any]:
+    page = await store.query_rollouts(**body.model_dump())
+    return wire.page_json(page)
+
+
+@router.get("/rollouts/{rollout_id}")
+async def get_rollout(rollout_id: str, store: Store) -> dict[str, Any] | None:
+    rollout = await store.get_rollout_by_id(rollout_id)
+    return None if rollout is None else wire.rollout_json(rollout)
+
+
+@router.post("/rollouts/{rollout_id}")
+async def update_rollout(rollout_id: str, body: wire.UpdateRolloutBody, store: Store) -> dict[str, Any]:
+    updated = await store.update_rollout(rollout_id, **body.changes())
+    return wire.rollout_json(updated, with_attempt=False)
+
+
+@router.post("/rollouts/{rollout_id}/attempts", status_code=201)
+async def start_attempt(
+    rollout_id: str, store: Store, body: Annotated[wire.StartAttemptBody | None, Body()] = None
+) -> dict[str, Any]:
+    started = await store.start_attempt(rollout_id, (body or wire.StartAttemptBody()).worker_id)
+    return wire.rollout_json(started)
+
+
+@router.post("/rollouts/{rollout_id}/attempts/search")
+async def search_attempts(rollout_id: str, body: wire.QueryAttemptsBody, store: Store) -> dict[str, Any]:
+    return wire.page_json(await store.query_attempts(rollout_id, **body.model_dump()))
+
+
+@router.get("/rollouts/{rollout_id}/attempts/latest")
+async def latest_attempt(rollout_id: str, store: Store) -> dict[str, Any] | None:
+    attempt = await store.get_latest_attempt(rollout_id)
+    return None if attempt is None else attempt.model_dump(mode="json")
+
+
+@router.post("/rollouts/{rollout_id}/attempts/{attempt_id}")
+async def update_attempt(
+    rollout_id: str, attempt_id: str, body: wire.UpdateAttemptBody, store: Store
+) -> dict[str, Any]:
+    attempt = await store.update_attempt(rollout_id, attempt_id, **body.changes())
+    return attempt.model_dump(mode="json")
+
+
+@router.post("/waits/rollouts")
+async def wait_for_rollouts(body: wire.WaitBody, store: Store) -> list[dict[str, Any]]:
+    done = await store.wait_for_rollouts(rollout_ids=body.rollout_ids, timeout=wire.long_poll(body.timeout))
+    return [wire.rollout_json(r, with_attempt=False) for r in done]
+
+
+@router.post("/watchdog/scan")
+async def scan_unhealthy(store: Store) -> dict[str, int]:
+    """Run one watchdog scan now (an addition); returns how many attempts it marked."""
+    return {"marked": await store.scan_unhealthy()}

@@ -1,0 +1,120 @@
+"""Routes for spans, resources, workers, statistics and health (``/v1/agl/…``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Query
+from fastapi.responses import JSONResponse
+from pydantic import TypeAdapter
+
+from lightning_store.resources import NamedResources
+from lightning_store.server import wire
+from lightning_store.server.routes_rollouts import Store
+from lightning_store.spans import Span
+
+router = APIRouter(prefix="/v1/agl")
+_resources: TypeAdapter[NamedResources] = TypeAdapter(NamedResources)
+
+
+@router.get("/health")
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/statistics")
+async def statistics(store: Store) -> dict[str, Any]:
+    return dict(await store.statistics())
+
+
+@router.post("/spans", status_code=201)
+async def add_span(body: Annotated[Any, Body()], store: Store) -> JSONResponse:
+    added = await store.add_many_spans([body])  # the store validates and names fields
+    return JSONResponse(added[0].model_dump(mode="json") if added else None, status_code=201)
+
+
+@router.post("/spans/batch", status_code=201)
+async def add_many_spans(body: wire.SpansBody, store: Store) -> dict[str, Any]:
+    """Store a batch of spans in one request and one transaction (an addition); returns the new ones."""
+    added: list[Span] = list(await store.add_many_spans(body.spans))  # type: ignore[arg-type]
+    return {"spans": [span.model_dump(mode="json") for span in added]}
+
+
+@router.post("/spans/search")
+async def search_spans(body: wire.QuerySpansBody, store: Store) -> dict[str, Any]:
+    fields = body.model_dump()
+    return wire.page_json(await store.query_spans(fields.pop("rollout_id"), fields.pop("attempt_id"), **fields))
+
+
+@router.post("/spans/next")
+async def next_sequence_id(body: wire.NextSequenceBody, store: Store) -> dict[str, int]:
+    return {"sequence_id": await store.get_next_span_sequence_id(body.rollout_id, body.attempt_id)}
+
+
+@router.post("/spans/next/batch")
+async def next_sequence_ids(body: wire.NextSequencesBody, store: Store) -> dict[str, list[int]]:
+    """Allocate several sequence ids in one transaction (an addition): all or none."""
+    pairs = [(pair.rollout_id, pair.attempt_id) for pair in body.pairs]
+    return {"sequence_ids": list(await store.get_many_span_sequence_ids(pairs))}
+
+
+@router.get("/resources")
+async def query_resources(
+    store: Store,
+    resources_id: str | None = None,
+    resources_id_contains: str | None = None,
+    sort_by: str | None = None,
+    sort_order: Annotated[str, Query(pattern="^(asc|desc)$")] = "asc",
+    limit: int = -1,
+    offset: int = 0,
+) -> dict[str, Any]:
+    page = await store.query_resources(
+        resources_id=resources_id,
+        resources_id_contains=resources_id_contains,
+        sort_by=sort_by,
+        sort_order=sort_order,  # type: ignore[arg-type]
+        limit=limit,
+        offset=offset,
+    )
+    return wire.page_json(page)
+
+
+@router.post("/resources", status_code=201)
+async def add_resources(body: Annotated[Any, Body()], store: Store) -> dict[str, Any]:
+    return (await store.add_resources(body)).model_dump(mode="json")
+
+
+@router.get("/resources/latest")
+async def latest_resources(store: Store) -> dict[str, Any] | None:
+    latest = await store.get_latest_resources()
+    return None if latest is None else latest.model_dump(mode="json")
+
+
+@router.post("/resources/{resources_id}")
+async def update_resources(resources_id: str, body: Annotated[Any, Body()], store: Store) -> dict[str, Any]:
+    return (await store.update_resources(resources_id, body)).model_dump(mode="json")
+
+
+@router.get("/resources/{resources_id}")
+async def get_resources(resources_id: str, store: Store) -> dict[str, Any] | None:
+    found = await store.get_resources_by_id(resources_id)
+    return None if found is None else found.model_dump(mode="json")
+
+
+@router.post("/workers/search")
+async def search_workers(body: wire.QueryWorkersBody, store: Store) -> dict[str, Any]:
+    return wire.page_json(await store.query_workers(**body.model_dump()))
+
+
+@router.get("/workers/{worker_id}")
+async def get_worker(worker_id: str, store: Store) -> dict[str, Any] | None:
+    worker = await store.get_worker_by_id(worker_id)
+    return None if worker is None else worker.model_dump(mode="json")
+
+
+@router.post("/workers/{worker_id}")
+async def update_worker(
+    worker_id: str, store: Store, body: Annotated[wire.UpdateWorkerBody | None, Body()] = None
+) -> dict[str, Any]:
+    changes = (body or wire.UpdateWorkerBody()).changes()
+    return (await store.update_worker(worker_id, changes["heartbeat_stats"])).model_dump(mode="json")

@@ -1,0 +1,179 @@
+"""Request bodies and response shapes of the HTTP API, wire-compatible with Agent Lightning 0.3.
+
+Update bodies tell an absent key (leave the field alone) from an explicit ``null`` (set it to None) through
+``model_fields_set``. Rollouts are serialized with an ``attempt`` key only when they have one: the Agent
+Lightning client decides between ``Rollout`` and ``AttemptedRollout`` by the key's presence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from lightning_store.contract import UNSET
+from lightning_store.errors import InvalidRequestError
+from lightning_store.models import (
+    AttemptStatus,
+    EnqueueRolloutRequest,
+    FilterLogic,
+    PaginatedResult,
+    Rollout,
+    RolloutConfig,
+    RolloutMode,
+    RolloutStatus,
+    SortOrder,
+    WorkerStatus,
+)
+
+MAX_LONG_POLL_SECONDS = 25.0
+"""The longest one request waits (below the 30 s read timeout of Agent Lightning's client); clients loop."""
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EnqueueBody(Body):
+    rollouts: list[EnqueueRolloutRequest]
+
+
+class DequeueBody(Body):
+    limit: int = 1
+    worker_id: str | None = None
+    timeout: float | None = Field(default=None, ge=0, description="Long-poll up to this many seconds (addition).")
+
+
+class StartRolloutBody(Body):
+    input: Any = None
+    mode: RolloutMode | None = None
+    resources_id: str | None = None
+    config: RolloutConfig | None = None
+    metadata: dict[str, Any] | None = None
+    worker_id: str | None = None
+
+
+class PageBody(Body):
+    sort_by: str | None = None
+    sort_order: SortOrder = "asc"
+    limit: int = -1
+    offset: int = 0
+
+
+class QueryRolloutsBody(PageBody):
+    status_in: list[RolloutStatus] | None = None
+    rollout_id_in: list[str] | None = None
+    rollout_id_contains: str | None = None
+    filter_logic: FilterLogic = "and"
+    mode_in: list[RolloutMode] | None = None
+    metadata_match: dict[str, Any] | None = None
+    start_time_from: float | None = None
+    start_time_to: float | None = None
+
+
+class UpdateRolloutBody(Body):
+    input: Any = None
+    mode: RolloutMode | None = None
+    resources_id: str | None = None
+    status: RolloutStatus | None = None
+    config: RolloutConfig | None = None
+    metadata: dict[str, Any] | None = None
+
+    def changes(self) -> dict[str, Any]:
+        return _changes(self, not_null=("status", "config"))
+
+
+class StartAttemptBody(Body):
+    worker_id: str | None = None
+
+
+class QueryAttemptsBody(PageBody):
+    sort_by: str | None = "sequence_id"
+
+
+class UpdateAttemptBody(Body):
+    status: AttemptStatus | None = None
+    worker_id: str | None = None
+    last_heartbeat_time: float | None = None
+    metadata: dict[str, Any] | None = None
+
+    def changes(self) -> dict[str, Any]:
+        return _changes(self, not_null=("status", "worker_id", "last_heartbeat_time"))
+
+
+class QuerySpansBody(PageBody):
+    rollout_id: str
+    attempt_id: str | None = None
+    trace_id: str | None = None
+    trace_id_contains: str | None = None
+    span_id: str | None = None
+    span_id_contains: str | None = None
+    parent_id: str | None = None
+    parent_id_contains: str | None = None
+    name: str | None = None
+    name_contains: str | None = None
+    filter_logic: FilterLogic = "and"
+    sort_by: str | None = "sequence_id"
+
+
+class SpansBody(Body):
+    spans: list[dict[str, Any]] = Field(description="Spans as JSON objects; the store validates each one.")
+
+
+class NextSequenceBody(Body):
+    rollout_id: str
+    attempt_id: str
+
+
+class NextSequencesBody(Body):
+    pairs: list[NextSequenceBody]
+
+
+class WaitBody(Body):
+    rollout_ids: list[str]
+    timeout: float | None = None
+
+
+class QueryWorkersBody(PageBody):
+    status_in: list[WorkerStatus] | None = None
+    worker_id_contains: str | None = None
+    filter_logic: FilterLogic = "and"
+
+
+class UpdateWorkerBody(Body):
+    heartbeat_stats: dict[str, Any] | None = None
+
+    def changes(self) -> dict[str, Any]:
+        return _changes(self, not_null=("heartbeat_stats",))
+
+
+def _changes(body: BaseModel, not_null: Sequence[str]) -> dict[str, Any]:
+    """The fields the caller sent (absent ones stay ``UNSET``); ``null`` is refused where the store needs a value."""
+    changes: dict[str, Any] = {}
+    for name in type(body).model_fields:
+        if name not in body.model_fields_set:
+            changes[name] = UNSET
+            continue
+        value = getattr(body, name)
+        if value is None and name in not_null:
+            raise InvalidRequestError(f"{name} cannot be null; leave it out to keep the current value", field=name)
+        changes[name] = value
+    return changes
+
+
+def rollout_json(rollout: Rollout, *, with_attempt: bool = True) -> dict[str, Any]:
+    data = rollout.model_dump(mode="json")
+    if not with_attempt:
+        data.pop("attempt", None)
+    return data
+
+
+def page_json(page: PaginatedResult[Any]) -> dict[str, Any]:
+    items = [rollout_json(item) if isinstance(item, Rollout) else item.model_dump(mode="json") for item in page]
+    return {"items": items, "limit": page.limit, "offset": page.offset, "total": page.total}
+
+
+def long_poll(timeout: float | None) -> float:
+    """A requested wait, capped so that one request never outlives a client's read timeout."""
+    return MAX_LONG_POLL_SECONDS if timeout is None else min(max(timeout, 0.0), MAX_LONG_POLL_SECONDS)
