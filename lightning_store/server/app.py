@@ -24,7 +24,7 @@ from starlette.responses import Response
 from lightning_store.contract import LightningStore
 from lightning_store.errors import InvalidRequestError, NotFoundError, StoreError
 from lightning_store.server import otlp, routes_rollouts, routes_store
-from lightning_store.server.guards import BodyTooLarge, Guards
+from lightning_store.server.guards import Guards
 from lightning_store.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -85,10 +85,6 @@ def _add_error_handlers(app: FastAPI) -> None:
             },
             status_code=422,
         )
-
-    @app.exception_handler(BodyTooLarge)
-    async def too_large(_: Request, exc: BodyTooLarge) -> JSONResponse:
-        return _error(413, exc)
 
     @app.exception_handler(OperationalError)
     async def unavailable(_: Request, exc: OperationalError) -> JSONResponse:

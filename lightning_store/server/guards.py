@@ -70,25 +70,40 @@ class Guards:
             if content_type not in allowed:
                 await _reply(send, 415, f"content type must be one of: {', '.join(allowed)}")
                 return
-        await self.app(scope, self._limited(receive, send), send)
+        if length is None and scope["method"] in ("POST", "PUT", "PATCH"):
+            # A streamed (chunked) body has no Content-Length: read it here, counting, before any route sees it.
+            body = await self._read_limited(receive)
+            if body is None:
+                await _reply(send, 413, f"request body over the limit of {self.max_body_bytes} bytes")
+                return
+            await self.app(scope, _replay(body), send)
+            return
+        await self.app(scope, receive, send)
 
-    def _limited(self, receive: Receive, send: Send) -> Receive:
-        """Count streamed body bytes too (a chunked request has no Content-Length)."""
-        seen = 0
-        limit = self.max_body_bytes
-
-        async def limited_receive() -> Message:
-            nonlocal seen
+    async def _read_limited(self, receive: Receive) -> bytes | None:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > limit:
-                    raise BodyTooLarge(limit)
-            return message
+            if message["type"] != "http.request":
+                return b"".join(chunks)
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
 
-        return limited_receive
 
+def _replay(body: bytes) -> Receive:
+    sent = False
 
-class BodyTooLarge(Exception):
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"request body over the limit of {limit} bytes")
+    async def receive() -> Message:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive

@@ -1,0 +1,154 @@
+"""``store serve`` as users run it: a subprocess on 127.0.0.1, driven by the HTTP client, stopped by a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from lightning_store import EnqueueRolloutRequest
+from lightning_store.client import HttpStore
+from tests.acceptance.test_cli import store_command
+from tests.postgres import TemplateDatabases
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_STORE_")}
+
+
+async def wait_healthy(url: str, process: subprocess.Popen[str], seconds: float = 30) -> None:
+    async with httpx.AsyncClient() as http:
+        for _ in range(int(seconds * 10)):
+            if process.poll() is not None:
+                raise AssertionError(f"store serve exited early:\n{process.stdout.read() if process.stdout else ''}")
+            try:
+                if (await http.get(f"{url}/v1/agl/health")).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.1)
+    raise AssertionError("store serve did not become healthy")
+
+
+class Server:
+    def __init__(self, *args: str, cwd: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen(
+            [*store_command(), "serve", "--port", str(self.port), "--log-level", "warning", *args],
+            cwd=cwd,
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def stop(self) -> int:
+        """SIGTERM, then the exit status. uvicorn shuts down cleanly and then re-raises the signal, so a clean
+        stop reads as 0 or as -SIGTERM; anything else (a crash, a hang) is not clean."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise
+        finally:
+            if self.process.stdout is not None:
+                self.process.stdout.close()
+
+
+CLEAN_EXIT = (0, -signal.SIGTERM)
+
+
+@pytest.fixture
+def sqlite_server(tmp_path: Path) -> Iterator[Server]:
+    server = Server(cwd=tmp_path)  # the embedded default: ./lightning_store.db in the working directory
+    yield server
+    server.stop()
+
+
+async def test_serve_on_the_embedded_default(sqlite_server: Server, tmp_path: Path) -> None:
+    await wait_healthy(sqlite_server.url, sqlite_server.process)
+    client = HttpStore(sqlite_server.url)
+    rollout = await client.enqueue_rollout({"q": 1})
+    claimed = await client.dequeue_rollout(worker_id="w1")
+    assert claimed is not None and claimed.rollout_id == rollout.rollout_id
+    await client.update_attempt(claimed.rollout_id, claimed.attempt.attempt_id, status="succeeded")
+    done = await client.wait_for_rollouts(rollout_ids=[rollout.rollout_id], timeout=5)
+    assert [r.status for r in done] == ["succeeded"]
+    await client.close()
+    assert sqlite_server.stop() in CLEAN_EXIT
+    assert (tmp_path / "lightning_store.db").exists()
+
+
+def test_refuses_a_public_host_without_a_token(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [*store_command(), "serve", "--host", "0.0.0.0"],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "--token" in result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+@pytest.fixture
+async def postgres_url(pg_templates: TemplateDatabases | None) -> AsyncIterator[str]:
+    if pg_templates is None:
+        pytest.skip("no PostgreSQL server answers at LIGHTNING_STORE_TEST_POSTGRES_URL")
+    url = await pg_templates.clone()
+    yield url
+    await pg_templates.drop(url)
+
+
+@pytest.mark.postgres
+async def test_two_worker_processes_share_one_postgres(postgres_url: str, tmp_path: Path) -> None:
+    server = Server("--workers", "2", "--database-url", postgres_url, cwd=tmp_path)
+    try:
+        await wait_healthy(server.url, server.process, seconds=60)
+        clients = [HttpStore(server.url) for _ in range(8)]
+        await clients[0].enqueue_many_rollouts([EnqueueRolloutRequest(input=i) for i in range(120)])
+
+        async def drain(client: HttpStore) -> list[str]:
+            claimed: list[str] = []
+            while batch := await client.dequeue_many_rollouts(limit=2):
+                claimed.extend(r.rollout_id for r in batch)
+            return claimed
+
+        results = await asyncio.gather(*(drain(c) for c in clients))
+        ids = [rollout_id for claimed in results for rollout_id in claimed]
+        assert len(ids) == 120 and len(set(ids)) == 120
+        # A wait in one process is woken by a completion handled by the other (NOTIFY across processes).
+        first = ids[0]
+        claimed_attempt = await clients[0].get_latest_attempt(first)
+        assert claimed_attempt is not None
+
+        async def finish() -> None:
+            await asyncio.sleep(0.3)
+            for client in clients[1:4]:  # several connections: likely to land on the other worker too
+                await client.get_latest_attempt(first)
+            await clients[1].update_attempt(first, claimed_attempt.attempt_id, status="succeeded")
+
+        done, _ = await asyncio.gather(clients[2].wait_for_rollouts(rollout_ids=[first], timeout=20), finish())
+        assert [r.status for r in done] == ["succeeded"]
+        for client in clients:
+            await client.close()
+    finally:
+        assert server.stop() in CLEAN_EXIT

@@ -1,0 +1,335 @@
+"""The HTTP server's own promises: every caller mistake is a clear 4xx that writes nothing; tokens; OTLP ingest."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from lightning_store.client import HttpStore
+from lightning_store.errors import UnauthorizedError
+from lightning_store.models import AttemptedRollout
+from lightning_store.server.run import check
+from lightning_store.settings import ServerSettings
+from lightning_store.sql import SqlStore, open_store
+from tests.conftest import serving
+
+
+@pytest.fixture
+async def sql_store(database_url: str) -> AsyncIterator[SqlStore]:
+    store = await open_store(database_url, migrate=True, watchdog_interval=0)
+    yield store
+    await store.close()
+
+
+@pytest.fixture
+async def base_url(sql_store: SqlStore) -> AsyncIterator[str]:
+    async with serving(sql_store, max_body_bytes=64 * 1024) as url:
+        yield url
+
+
+@pytest.fixture
+async def http(base_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=base_url) as client:
+        yield client
+
+
+async def counts(store: SqlStore) -> tuple[int, int]:
+    stats = await store.statistics()
+    return stats["total_rollouts"], stats["total_spans"]
+
+
+def span_json(rollout: AttemptedRollout, span_id: str, **changes: Any) -> dict[str, Any]:
+    span = {
+        "rollout_id": rollout.rollout_id,
+        "attempt_id": rollout.attempt.attempt_id,
+        "sequence_id": 1,
+        "trace_id": "ab" * 16,
+        "span_id": span_id,
+        "parent_id": None,
+        "name": "step",
+        "status": {"status_code": "OK"},
+        "attributes": {},
+        "events": [],
+        "links": [],
+        "start_time": 1.0,
+        "end_time": 2.0,
+        "context": None,
+        "parent": None,
+        "resource": {"attributes": {}, "schema_url": ""},
+    }
+    span.update(changes)
+    return span
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v1/agl/queues/rollouts/enqueue", {"rollouts": [{"input": 1, "mode": "prod"}]}, "rollouts.0.mode"),
+        (
+            "/v1/agl/queues/rollouts/enqueue",
+            {"rollouts": [{"input": 1, "config": {"max_attempts": 0}}]},
+            "rollouts.0.config.max_attempts",
+        ),
+        ("/v1/agl/queues/rollouts/enqueue", {"rollouts": [{"input": 1, "surprise": True}]}, "rollouts.0.surprise"),
+        ("/v1/agl/queues/rollouts/enqueue", {}, "rollouts"),
+        ("/v1/agl/rollouts/search", {"limit": "many"}, "limit"),
+        ("/v1/agl/rollouts/search", {"sort_by": "input"}, "sort_by"),
+        ("/v1/agl/waits/rollouts", {"rollout_ids": "ro-1"}, "rollout_ids"),
+        ("/v1/agl/resources", {"llm": {"resource_type": "llm"}}, "resources.llm.llm.endpoint"),
+    ],
+)
+async def test_invalid_bodies_are_422_naming_the_field(
+    http: httpx.AsyncClient, sql_store: SqlStore, path: str, body: Any, field: str
+) -> None:
+    response = await http.post(path, json=body)
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == field
+    assert await counts(sql_store) == (0, 0)
+
+
+async def test_malformed_json_is_422_not_500(http: httpx.AsyncClient) -> None:
+    response = await http.post(
+        "/v1/agl/queues/rollouts/enqueue", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422
+
+
+async def test_null_status_in_update_is_refused_and_changes_nothing(
+    http: httpx.AsyncClient, sql_store: SqlStore
+) -> None:
+    rollout = await sql_store.enqueue_rollout(1, metadata={"keep": True})
+    response = await http.post(f"/v1/agl/rollouts/{rollout.rollout_id}", json={"status": None, "metadata": {}})
+    assert response.status_code == 422 and response.json()["field"] == "status"
+    assert await sql_store.get_rollout_by_id(rollout.rollout_id) == rollout
+
+
+async def test_unknown_ids_are_404_and_getters_answer_null(http: httpx.AsyncClient) -> None:
+    response = await http.post("/v1/agl/rollouts/ro-missing", json={"status": "cancelled"})
+    assert response.status_code == 404 and response.json()["field"] == "rollout_id"
+    response = await http.post("/v1/agl/rollouts/ro-missing/attempts/latest", json={"status": "failed"})
+    assert response.status_code == 404
+    # As in Agent Lightning, a getter answers 200 with null; its client turns that into None.
+    for path in ("/v1/agl/rollouts/ro-missing", "/v1/agl/resources/rs-missing", "/v1/agl/workers/w-missing"):
+        response = await http.get(path)
+        assert (response.status_code, response.json()) == (200, None)
+
+
+async def test_a_bad_span_in_a_batch_writes_none_of_it(http: httpx.AsyncClient, sql_store: SqlStore) -> None:
+    rollout = await sql_store.start_rollout(1)
+    good = span_json(rollout, "s1")
+    bad = span_json(rollout, "s2", attempt_id="at-missing")
+    response = await http.post("/v1/agl/spans/batch", json={"spans": [good, bad]})
+    assert response.status_code == 404 and response.json()["field"] == "spans.1.attempt_id"
+    response = await http.post("/v1/agl/spans/batch", json={"spans": [good, span_json(rollout, "s3", name=5)]})
+    assert response.status_code == 422 and response.json()["field"] == "spans.1.name"
+    assert await counts(sql_store) == (1, 0)
+
+
+async def test_duplicate_span_answers_null(http: httpx.AsyncClient, sql_store: SqlStore) -> None:
+    rollout = await sql_store.start_rollout(1)
+    first = await http.post("/v1/agl/spans", json=span_json(rollout, "s1"))
+    again = await http.post("/v1/agl/spans", json=span_json(rollout, "s1"))
+    assert (first.status_code, again.status_code) == (201, 201)
+    assert first.json()["span_id"] == "s1" and again.json() is None
+
+
+async def test_body_over_the_limit_is_413_and_writes_nothing(http: httpx.AsyncClient, sql_store: SqlStore) -> None:
+    huge = {"rollouts": [{"input": "x" * (70 * 1024)}]}
+    response = await http.post("/v1/agl/queues/rollouts/enqueue", json=huge)
+    assert response.status_code == 413
+
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: the limit is counted while streaming
+        yield json.dumps(huge).encode()
+
+    response = await http.post(
+        "/v1/agl/queues/rollouts/enqueue", content=chunks(), headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 413
+    assert await counts(sql_store) == (0, 0)
+
+
+async def test_wrong_content_type_is_415(http: httpx.AsyncClient, sql_store: SqlStore) -> None:
+    response = await http.post(
+        "/v1/agl/queues/rollouts/enqueue",
+        content=b"input=1",
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
+    assert response.status_code == 415
+    response = await http.post("/v1/traces", content=b"x", headers={"content-type": "text/plain"})
+    assert response.status_code == 415
+    assert await counts(sql_store) == (0, 0)
+
+
+async def test_token_guards_every_route_but_health(sql_store: SqlStore) -> None:
+    async with serving(sql_store, token="s3cret") as url:
+        async with httpx.AsyncClient(base_url=url) as http:
+            assert (await http.get("/v1/agl/health")).status_code == 200
+            assert (await http.get("/v1/agl/statistics")).status_code == 401
+            wrong = await http.get("/v1/agl/statistics", headers={"authorization": "Bearer nope"})
+            assert wrong.status_code == 401
+            refused = await http.post("/v1/agl/queues/rollouts/enqueue", json={"rollouts": [{"input": 1}]})
+            assert refused.status_code == 401
+        anonymous = HttpStore(url)
+        with pytest.raises(UnauthorizedError):
+            await anonymous.statistics()
+        await anonymous.close()
+        client = HttpStore(url, token="s3cret")
+        assert (await client.enqueue_rollout(1)).status == "queuing"
+        await client.close()
+    assert (await sql_store.statistics())["total_rollouts"] == 1
+
+
+@pytest.mark.parametrize(
+    ("host", "token", "insecure", "allowed"),
+    [
+        ("127.0.0.1", None, False, True),
+        ("localhost", None, False, True),
+        ("::1", None, False, True),
+        ("0.0.0.0", None, False, False),
+        ("0.0.0.0", "t", False, True),
+        ("0.0.0.0", None, True, True),
+    ],
+)
+def test_non_loopback_host_needs_a_token(host: str, token: str | None, insecure: bool, allowed: bool) -> None:
+    settings = ServerSettings(host=host, token=token, insecure=insecure)
+    if allowed:
+        check(settings)
+    else:
+        with pytest.raises(ValueError, match="--token"):
+            check(settings)
+
+
+def test_several_workers_need_postgres() -> None:
+    with pytest.raises(ValueError, match="Postgres"):
+        check(ServerSettings(workers=2, database_url="sqlite:///x.db"))
+
+
+async def test_metrics_and_openapi(http: httpx.AsyncClient) -> None:
+    await http.get("/v1/agl/health")
+    metrics = await http.get("/metrics")
+    assert metrics.status_code == 200 and "lightning_store_http_requests" in metrics.text
+    openapi = (await http.get("/openapi.json")).json()
+    assert "/v1/agl/queues/rollouts/dequeue" in openapi["paths"]
+
+
+async def test_long_poll_dequeue_over_http(base_url: str, sql_store: SqlStore) -> None:
+    client = HttpStore(base_url)
+    import asyncio
+
+    async def enqueue_later() -> None:
+        await asyncio.sleep(0.3)
+        await sql_store.enqueue_rollout("late")
+
+    claimed, _ = await asyncio.gather(client.dequeue_rollout(worker_id="w", timeout=20), enqueue_later())
+    assert claimed is not None and claimed.input == "late"
+    await client.close()
+
+
+# OTLP --------------------------------------------------------------------------------------------------------
+
+
+def export_with_sdk(url: str, resource: dict[str, Any], spans: list[tuple[str, dict[str, Any]]]) -> None:
+    provider = TracerProvider(resource=Resource.create(resource))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{url}/v1/traces")))
+    tracer = provider.get_tracer("test")
+    for name, attributes in spans:
+        with tracer.start_as_current_span(name, attributes=attributes):
+            pass
+    provider.shutdown()
+
+
+async def test_otlp_protobuf_from_the_sdk_exporter(base_url: str, sql_store: SqlStore) -> None:
+    import asyncio
+
+    rollout = await sql_store.start_rollout(1)
+    resource = {
+        "agentlightning.rollout_id": rollout.rollout_id,
+        "agentlightning.attempt_id": rollout.attempt.attempt_id,
+    }
+    spans: list[tuple[str, dict[str, Any]]] = [
+        ("first", {"agentlightning.span_sequence_id": "42", "k": [1, 2]}),
+        ("second", {"ok": True}),
+    ]
+    await asyncio.to_thread(export_with_sdk, base_url, resource, spans)
+    stored = await sql_store.query_spans(rollout.rollout_id)
+    assert [(s.name, s.sequence_id) for s in stored] == [("first", 42), ("second", 43)]
+    assert stored[0].attributes["k"] == [1, 2] and stored[1].resource.attributes["service.name"]
+    attempt = await sql_store.get_latest_attempt(rollout.rollout_id)
+    assert attempt is not None and attempt.status == "running"
+
+
+def otlp_json(rollout: AttemptedRollout | None, names: list[str], first: int = 1) -> dict[str, Any]:
+    resource = (
+        []
+        if rollout is None
+        else [
+            {"key": "agentlightning.rollout_id", "value": {"stringValue": rollout.rollout_id}},
+            {"key": "agentlightning.attempt_id", "value": {"stringValue": rollout.attempt.attempt_id}},
+        ]
+    )
+    return {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": resource},
+                "scopeSpans": [
+                    {
+                        "spans": [
+                            {
+                                "traceId": "5b8efff798038103d269b633813fc60c",
+                                "spanId": f"{first + i:016x}",
+                                "name": name,
+                                "startTimeUnixNano": "1700000000000000000",
+                                "endTimeUnixNano": "1700000001000000000",
+                                "attributes": [{"key": "n", "value": {"intValue": str(i)}}],
+                                "status": {"code": 2, "message": "boom"},
+                            }
+                            for i, name in enumerate(names)
+                        ]
+                    }
+                ],
+            }
+        ]
+    }
+
+
+async def test_otlp_json_and_gzip(http: httpx.AsyncClient, sql_store: SqlStore) -> None:
+    rollout = await sql_store.start_rollout(1)
+    response = await http.post("/v1/traces", json=otlp_json(rollout, ["a", "b"]))
+    assert response.status_code == 200, response.text
+    body = gzip.compress(json.dumps(otlp_json(rollout, ["c"], first=3)).encode())
+    response = await http.post(
+        "/v1/traces", content=body, headers={"content-type": "application/json", "content-encoding": "gzip"}
+    )
+    assert response.status_code == 200, response.text
+    stored = await sql_store.query_spans(rollout.rollout_id)
+    assert [s.name for s in stored] == ["a", "b", "c"]
+    assert stored[0].trace_id == "5b8efff798038103d269b633813fc60c" and stored[0].span_id == "0000000000000001"
+    assert stored[1].attributes == {"n": 1} and stored[0].status.status_code == "ERROR"
+    assert stored[0].start_time == 1700000000.0
+
+
+async def test_otlp_spans_without_ids_are_rejected_not_stored(http: httpx.AsyncClient, sql_store: SqlStore) -> None:
+    response = await http.post("/v1/traces", json=otlp_json(None, ["orphan"]))
+    assert response.status_code == 200
+    assert response.json()["partialSuccess"]["rejectedSpans"] == "1"
+    assert await counts(sql_store) == (0, 0)
+
+
+async def test_otlp_undecodable_is_422(http: httpx.AsyncClient) -> None:
+    response = await http.post(
+        "/v1/traces", content=b"\xff\x00garbage", headers={"content-type": "application/x-protobuf"}
+    )
+    assert response.status_code == 422
+    response = await http.post(
+        "/v1/traces", content=b"not gzip", headers={"content-type": "application/json", "content-encoding": "gzip"}
+    )
+    assert response.status_code == 422
