@@ -15,6 +15,7 @@ import pytest
 
 from lightning_store import EnqueueRolloutRequest
 from lightning_store.client import HttpStore
+from lightning_store.spans import Span
 from tests.acceptance.test_cli import store_command
 from tests.postgres import TemplateDatabases
 
@@ -152,3 +153,54 @@ async def test_two_worker_processes_share_one_postgres(postgres_url: str, tmp_pa
             await client.close()
     finally:
         assert server.stop() in CLEAN_EXIT
+
+
+@pytest.mark.postgres
+async def test_acknowledged_spans_survive_kill_9(postgres_url: str, tmp_path: Path) -> None:
+    """SIGKILL the server while spans stream in; after a restart every acknowledged span is there."""
+    server = Server("--database-url", postgres_url, cwd=tmp_path)
+    await wait_healthy(server.url, server.process)
+    client = HttpStore(server.url)
+    started = await client.start_rollout({"q": 1})
+    acknowledged: list[str] = []
+    enough = asyncio.Event()
+
+    async def stream() -> None:
+        for batch in range(10_000):
+            spans = [
+                Span(
+                    rollout_id=started.rollout_id,
+                    attempt_id=started.attempt.attempt_id,
+                    sequence_id=batch * 10 + i,
+                    trace_id="ab" * 16,
+                    span_id=f"{batch}-{i}",
+                    name="work",
+                )
+                for i in range(10)
+            ]
+            try:
+                await client.add_many_spans(spans)
+            except (httpx.HTTPError, OSError):
+                return  # the server is gone: this batch was never acknowledged
+            acknowledged.extend(span.span_id for span in spans)
+            if len(acknowledged) >= 300:
+                enough.set()
+
+    async def kill_soon() -> None:
+        await enough.wait()
+        server.process.kill()
+
+    await asyncio.gather(stream(), kill_soon())
+    server.stop()
+    await client.close()
+    assert len(acknowledged) >= 300
+
+    restarted = Server("--database-url", postgres_url, cwd=tmp_path)
+    try:
+        await wait_healthy(restarted.url, restarted.process)
+        client = HttpStore(restarted.url)
+        stored = {span.span_id for span in await client.query_spans(started.rollout_id)}
+        await client.close()
+        assert set(acknowledged) <= stored
+    finally:
+        restarted.stop()
