@@ -2,6 +2,7 @@
 
 from lightning_store.contract import UNSET, LightningStore, StoreStatistics
 from lightning_store.errors import InvalidRequestError, NotFoundError, StoreError
+from lightning_store.llm_calls import LlmCall
 from lightning_store.models import (
     Attempt,
     AttemptedRollout,
@@ -27,6 +28,7 @@ __all__ = [
     "EnqueueRolloutRequest",
     "InvalidRequestError",
     "LightningStore",
+    "LlmCall",
     "NamedResources",
     "NotFoundError",
     "PaginatedResult",

@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from lightning_store.contract import UNSET, StoreStatistics, Unset
 from lightning_store.errors import InvalidRequestError, NotFoundError, StoreError, UnauthorizedError
+from lightning_store.llm_calls import LlmCall
 from lightning_store.models import (
     Attempt,
     AttemptedRollout,
@@ -400,6 +401,17 @@ class HttpStore:
         }
         data = await self._call("POST", "/v1/agl/spans/search", json=body, idempotent=True)
         return self._page(data, Span.model_validate)
+
+    async def add_llm_calls(self, calls: Sequence[LlmCall]) -> None:
+        if not calls:
+            return
+        body = {"calls": [c.model_dump(mode="json") if isinstance(c, LlmCall) else c for c in calls]}
+        await self._call("POST", "/v1/agl/llm_calls/batch", json=body, idempotent=True)
+
+    async def query_llm_calls(self, rollout_ids: Sequence[str], *, attempt_id: str | None = None) -> list[LlmCall]:
+        body = {"rollout_ids": list(rollout_ids), "attempt_id": attempt_id}
+        data = await self._call("POST", "/v1/agl/llm_calls/search", json=body, idempotent=True)
+        return [LlmCall.model_validate(item) for item in data["items"]]
 
     # Resources -------------------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from typing import Any, Literal, Protocol, TypedDict, runtime_checkable
 
 from opentelemetry.sdk.trace import ReadableSpan
 
+from lightning_store.llm_calls import LlmCall
 from lightning_store.models import (
     Attempt,
     AttemptedRollout,
@@ -228,6 +229,15 @@ class LightningStore(Protocol):
         sort_order: SortOrder = "asc",
     ) -> PaginatedResult[Span]:
         """Spans of a rollout, of one attempt, of its ``"latest"`` attempt, or of all (``None``)."""
+        ...
+
+    async def add_llm_calls(self, calls: Sequence[LlmCall]) -> None:
+        """Record typed LLM calls (an addition) in one transaction; a call already recorded (same rollout,
+        attempt and span id) is ignored. Each must name an existing attempt of its rollout."""
+        ...
+
+    async def query_llm_calls(self, rollout_ids: Sequence[str], *, attempt_id: str | None = None) -> list[LlmCall]:
+        """The LLM calls of these rollouts (an addition), ordered by rollout and sequence id."""
         ...
 
     # Resources -------------------------------------------------------------------------------------------

@@ -58,6 +58,19 @@ async def next_sequence_ids(body: wire.NextSequencesBody, store: Store) -> dict[
     return {"sequence_ids": list(await store.get_many_span_sequence_ids(pairs))}
 
 
+@router.post("/llm_calls/batch", status_code=201)
+async def add_llm_calls(body: wire.LlmCallsBody, store: Store) -> dict[str, int]:
+    """Record typed LLM calls (an addition); duplicates are ignored."""
+    await store.add_llm_calls(body.calls)  # type: ignore[arg-type]  # the store validates and names fields
+    return {"received": len(body.calls)}
+
+
+@router.post("/llm_calls/search")
+async def query_llm_calls(body: wire.QueryLlmCallsBody, store: Store) -> dict[str, Any]:
+    calls = await store.query_llm_calls(body.rollout_ids, attempt_id=body.attempt_id)
+    return {"items": [call.model_dump(mode="json") for call in calls]}
+
+
 @router.get("/resources")
 async def query_resources(
     store: Store,

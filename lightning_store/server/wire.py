@@ -130,6 +130,15 @@ class NextSequencesBody(Body):
     pairs: list[NextSequenceBody]
 
 
+class LlmCallsBody(Body):
+    calls: list[dict[str, Any]]
+
+
+class QueryLlmCallsBody(Body):
+    rollout_ids: list[str]
+    attempt_id: str | None = None
+
+
 class WaitBody(Body):
     rollout_ids: list[str]
     timeout: float | None = None

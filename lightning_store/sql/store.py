@@ -12,6 +12,7 @@ from lightning_store.contract import StoreStatistics
 from lightning_store.migrate import upgrade
 from lightning_store.settings import StoreSettings, load_settings
 from lightning_store.sql.engine import make_engine, normalize_url
+from lightning_store.sql.llm_calls import LlmCallOps
 from lightning_store.sql.notify import PostgresListener
 from lightning_store.sql.resources import ResourceOps
 from lightning_store.sql.rollouts import RolloutOps
@@ -20,7 +21,7 @@ from lightning_store.sql.spans import SpanOps
 from lightning_store.sql.watchdog import WatchdogOps
 
 
-class SqlStore(RolloutOps, SpanOps, ResourceOps, WatchdogOps):
+class SqlStore(RolloutOps, SpanOps, ResourceOps, WatchdogOps, LlmCallOps):
     """The store contract on Postgres or SQLite. Create it with :func:`open_store`; ``close`` it when done.
 
     Safe for concurrent use by many tasks of one event loop, and by many processes over the same database.

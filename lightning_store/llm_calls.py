@@ -1,0 +1,32 @@
+"""Typed records of LLM calls: exactly the token ids the policy saw and produced, for training without
+re-tokenizing. The proxy writes one per call; adapters read them back as transitions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class LlmCall(BaseModel):
+    """One LLM call of an attempt. ``(rollout_id, attempt_id, span_id)`` identifies it when ``span_id`` is set
+    (the proxy sets it to the call's span), which makes recording it twice harmless."""
+
+    rollout_id: str = Field(min_length=1)
+    attempt_id: str = Field(min_length=1)
+    span_id: str | None = None
+    sequence_id: int | None = Field(default=None, description="Order within the rollout (the span's sequence id).")
+    agent_name: str | None = None
+    model: str | None = None
+    resources_id: str | None = None
+    resources_version: int | None = None
+    prompt_token_ids: list[int]
+    response_token_ids: list[int]
+    response_logprobs: list[float] | None = None
+    request: dict[str, Any] | None = Field(default=None, description="The request as the agent sent it.")
+    response: dict[str, Any] | None = Field(default=None, description="The response as the agent received it.")
+    sampling_parameters: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    start_time: float
+    end_time: float | None = None
+    latency_seconds: float | None = None

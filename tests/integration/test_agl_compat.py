@@ -1,0 +1,275 @@
+"""Wire compatibility with Agent Lightning 0.3: its unmodified ``LightningStoreClient`` against ``store serve``.
+
+The client runs in an interpreter that has ``agentlightning`` installed, never in this environment: the one named by
+``$LIGHTNING_STORE_AGL_PYTHON``, else ``/tmp/aglvenv/bin/python`` when it has the package; without one the module is
+skipped. For each backend (SQLite, and Postgres on a database cloned from the test template) a real ``store serve``
+subprocess is started on a free port, and ``agl_driver.py`` (beside this file) calls every client method against it,
+plus an OTLP export with OpenTelemetry's own exporter. The driver checks each answer against Agent Lightning's
+semantics and names every failed call precisely; this side then reads the store back with our ``HttpStore`` to check
+that what the driver wrote was stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from lightning_store.client import HttpStore
+from tests.postgres import TemplateDatabases
+
+AGL_PYTHON_ENV = "LIGHTNING_STORE_AGL_PYTHON"
+DEFAULT_AGL_PYTHON = Path("/tmp/aglvenv/bin/python")
+DRIVER = Path(__file__).with_name("agl_driver.py")
+STARTUP_SECONDS = 60.0
+DRIVER_SECONDS = 240.0
+
+pytestmark = pytest.mark.slow
+
+
+def probe(python: str) -> str | None:
+    """The agentlightning version ``python`` has installed, or None. Reads package metadata only: importing
+    agentlightning takes several seconds, and the driver does that itself."""
+    code = "import importlib.metadata as m, importlib.util as u; assert u.find_spec('agentlightning'); "
+    code += "print(m.version('agentlightning'))"
+    try:
+        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+@pytest.fixture(scope="module")
+def agl_python() -> str:
+    """An interpreter that can import agentlightning; skips the module when there is none."""
+    configured = os.environ.get(AGL_PYTHON_ENV)
+    if configured:
+        if probe(configured) is None:
+            pytest.skip(f"${AGL_PYTHON_ENV}={configured} cannot import agentlightning")
+        return configured
+    if DEFAULT_AGL_PYTHON.exists() and probe(str(DEFAULT_AGL_PYTHON)) is not None:
+        return str(DEFAULT_AGL_PYTHON)
+    pytest.skip(
+        f"no interpreter with agentlightning: set ${AGL_PYTHON_ENV}, or create {DEFAULT_AGL_PYTHON} "
+        f"(python3 -m venv /tmp/aglvenv && /tmp/aglvenv/bin/pip install agentlightning==0.3.0)"
+    )
+
+
+# The server ---------------------------------------------------------------------------------------------------
+
+
+def store_command() -> list[str]:
+    """The installed ``store`` script beside this interpreter, else the module."""
+    script = shutil.which("store", path=str(Path(sys.executable).parent))
+    return [script] if script else [sys.executable, "-m", "lightning_store.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class Served:
+    """A running ``store serve``: its URL, its database and its log file."""
+
+    url: str
+    database_url: str
+    log: Path
+    process: subprocess.Popen[bytes]
+
+    def log_tail(self, lines: int = 40) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:]) or "(empty)"
+
+
+def wait_healthy(served: Served) -> None:
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while time.monotonic() < deadline:
+        if served.process.poll() is not None:
+            pytest.fail(f"store serve exited with {served.process.returncode}:\n{served.log_tail()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{served.url}/v1/agl/health", timeout=2).status_code == 200:
+                return
+        time.sleep(0.1)
+    pytest.fail(f"store serve did not answer /v1/agl/health within {STARTUP_SECONDS:.0f}s:\n{served.log_tail()}")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=15)
+
+
+@contextlib.contextmanager
+def store_serve(database_url: str, directory: Path) -> Iterator[Served]:
+    port = free_port()
+    log = directory / "serve.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_STORE_")}
+    argv = [*store_command(), "serve", "--port", str(port), "--database-url", database_url, "--log-level", "warning"]
+    with log.open("wb") as sink:
+        process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=directory)
+    served = Served(f"http://127.0.0.1:{port}", database_url, log, process)
+    try:
+        wait_healthy(served)
+        yield served
+    finally:
+        stop(process)
+
+
+@pytest.fixture
+def server_database(
+    request: pytest.FixtureRequest, tmp_path: Path, pg_templates: TemplateDatabases | None
+) -> Iterator[str]:
+    """A fresh database for the server: a SQLite file, or a Postgres clone of the migrated template."""
+    if request.param == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path / 's.db'}"
+        return
+    if pg_templates is None:
+        pytest.skip("no PostgreSQL server answers at LIGHTNING_STORE_TEST_POSTGRES_URL")
+    url = asyncio.run(pg_templates.clone())
+    try:
+        yield url
+    finally:
+        asyncio.run(pg_templates.drop(url))
+
+
+@pytest.fixture
+def served(server_database: str, tmp_path: Path) -> Iterator[Served]:
+    with store_serve(server_database, tmp_path) as running:
+        yield running
+
+
+# The driver ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DriverRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    summary: dict[str, Any] | None
+
+    def report(self, served: Served) -> str:
+        """Every failed check the driver found, or its crash, and the server log's tail."""
+        if self.summary is None:
+            head = f"the driver crashed (exit {self.returncode}) without a summary:\n{self.stderr[-4000:]}"
+        else:
+            failures = self.summary["failures"]
+            head = f"Agent Lightning's client found {len(failures)} incompatibilities:\n\n" + "\n\n".join(failures)
+        return f"{head}\n\n--- store serve log (tail) ---\n{served.log_tail()}"
+
+
+def run_driver(python: str, url: str) -> DriverRun:
+    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", PYTHONUNBUFFERED="1")
+    try:
+        done = subprocess.run(
+            [python, str(DRIVER), url], capture_output=True, text=True, env=env, timeout=DRIVER_SECONDS, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the driver ran over {DRIVER_SECONDS:.0f}s; its stderr:\n{exc.stderr!r}")
+    lines = done.stdout.strip().splitlines()
+    summary = None
+    with contextlib.suppress(ValueError, IndexError):
+        summary = json.loads(lines[-1])
+    return DriverRun(done.returncode, done.stdout, done.stderr, summary)
+
+
+# What the store holds ---------------------------------------------------------------------------------------
+
+
+async def stored_problems(url: str, state: dict[str, Any]) -> list[str]:
+    """Read back through our own client what the driver wrote; each mismatch is one line."""
+    store = HttpStore(url)
+    try:
+        return [
+            *await rollout_problems(store, state),
+            *await span_problems(store, state["spans"]),
+            *await resource_problems(store, state["resources"]),
+            *await worker_problems(store, state["workers"]),
+        ]
+    finally:
+        await store.close()
+
+
+async def rollout_problems(store: HttpStore, state: dict[str, Any]) -> list[str]:
+    problems = []
+    total = (await store.query_rollouts()).total
+    if total != state["rollout_count"]:
+        problems.append(f"query_rollouts().total = {total}, the driver wrote {state['rollout_count']}")
+    for rollout_id, expected in state["rollouts"].items():
+        rollout = await store.get_rollout_by_id(rollout_id)
+        if rollout is None:
+            problems.append(f"rollout {rollout_id} is missing")
+            continue
+        if rollout.status != expected["status"]:
+            problems.append(f"rollout {rollout_id}: status {rollout.status}, expected {expected['status']}")
+        attempts = (await store.query_attempts(rollout_id)).total
+        if attempts != expected["attempts"]:
+            problems.append(f"rollout {rollout_id}: {attempts} attempts, expected {expected['attempts']}")
+    return problems
+
+
+async def span_problems(store: HttpStore, expected: dict[str, Any]) -> list[str]:
+    spans = await store.query_spans(expected["rollout_id"], expected["attempt_id"])
+    problems = []
+    if len(spans) != expected["count"]:
+        problems.append(f"{len(spans)} spans on {expected['rollout_id']}, the driver wrote {expected['count']}")
+    names = {span.name for span in spans}
+    missing = {"hand.span", "llm.call", "agent.run", "otlp.parent", "otlp.child"} - names
+    if missing:
+        problems.append(f"spans missing by name: {sorted(missing)} (stored: {sorted(names)})")
+    numbers = [span.sequence_id for span in spans]
+    if len(set(numbers)) != len(numbers):
+        problems.append(f"duplicate sequence ids: {numbers}")
+    return problems
+
+
+async def resource_problems(store: HttpStore, expected: dict[str, int]) -> list[str]:
+    problems = []
+    for resources_id, version in expected.items():
+        found = await store.get_resources_by_id(resources_id)
+        if found is None or found.version != version:
+            problems.append(f"resources {resources_id}: {found}, expected version {version}")
+    return problems
+
+
+async def worker_problems(store: HttpStore, expected: list[str]) -> list[str]:
+    return [f"worker {w} is missing" for w in expected if await store.get_worker_by_id(w) is None]
+
+
+# The test -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "server_database", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+def test_agent_lightning_client_against_store_serve(agl_python: str, served: Served) -> None:
+    run = run_driver(agl_python, served.url)
+    report = [] if run.returncode == 0 and run.summary is not None and run.summary["ok"] else [run.report(served)]
+    if run.summary is not None:
+        problems = asyncio.run(stored_problems(served.url, run.summary["state"]))
+        if problems:
+            report.append("The store does not hold what the driver wrote:\n" + "\n".join(problems))
+    if report:
+        pytest.fail("\n\n".join(report), pytrace=False)
