@@ -52,6 +52,10 @@ class ServerSettings(StoreSettings):
     token: str | None = Field(default=None, description="Bearer token every route but health requires.")
     insecure: bool = Field(default=False, description="Allow a non-loopback host without a token.")
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0, description="Largest request body accepted.")
+    llm_upstream: str | None = Field(
+        default=None, description="OpenAI-compatible base URL (…/v1) the proxy uses when no llm resource names one."
+    )
+    upstream_timeout: float = Field(default=600.0, gt=0, description="Seconds the proxy waits for the upstream.")
 
 
 def load_server_settings(**overrides: Any) -> ServerSettings:

@@ -70,9 +70,8 @@ async def database_url(
 
 
 @contextlib.asynccontextmanager
-async def serving(store: LightningStore, **settings: Any) -> AsyncIterator[str]:
-    """A real HTTP server for ``store`` on 127.0.0.1 (an ephemeral port), in this event loop; yields its URL."""
-    app = create_app(ServerSettings(**settings), store=store)
+async def serve_app(app: Any) -> AsyncIterator[str]:
+    """A real HTTP server for an ASGI app on 127.0.0.1 (an ephemeral port), in this event loop; yields its URL."""
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
     task = asyncio.create_task(server.serve())
     while not server.started:
@@ -85,6 +84,13 @@ async def serving(store: LightningStore, **settings: Any) -> AsyncIterator[str]:
     finally:
         server.should_exit = True
         await task
+
+
+@contextlib.asynccontextmanager
+async def serving(store: LightningStore, **settings: Any) -> AsyncIterator[str]:
+    """``store serve`` for ``store`` (which the caller owns), with these server settings; yields its URL."""
+    async with serve_app(create_app(ServerSettings(**settings), store=store)) as url:
+        yield url
 
 
 @pytest.fixture

@@ -8,12 +8,14 @@ bug and a 500; it is logged with its traceback, never sent to the client.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -23,7 +25,7 @@ from starlette.responses import Response
 
 from lightning_store.contract import LightningStore
 from lightning_store.errors import InvalidRequestError, NotFoundError, StoreError
-from lightning_store.server import otlp, routes_rollouts, routes_store
+from lightning_store.server import otlp, proxy, routes_rollouts, routes_store
 from lightning_store.server.guards import Guards
 from lightning_store.settings import ServerSettings
 
@@ -36,26 +38,35 @@ def create_app(settings: ServerSettings, store: LightningStore | None = None) ->
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if store is not None:
-            app.state.store = store
-            yield
-            return
-        from lightning_store.sql import open_store
+        async with contextlib.AsyncExitStack() as stack:
+            if store is None:
+                from lightning_store.sql import open_store
 
-        opened = await open_store(settings=settings)
-        app.state.store = opened
-        try:
+                opened = await open_store(settings=settings)
+                stack.push_async_callback(opened.close)
+                app.state.store = opened
+            else:
+                app.state.store = store
+            app.state.upstream_http = httpx.AsyncClient(timeout=httpx.Timeout(settings.upstream_timeout, connect=10))
+            stack.push_async_callback(app.state.upstream_http.aclose)
+            app.state.background = set()
+            # Last in, first out: LLM-call records still being written finish before the store closes.
+            stack.push_async_callback(_drain, app.state.background)
             yield
-        finally:
-            await opened.close()
 
     app = FastAPI(title="lightning-store", version="0.1.0", lifespan=lifespan)
     app.state.max_body = settings.max_body_bytes
-    for router in (routes_store.router, routes_rollouts.router, otlp.router):
+    app.state.llm_upstream = settings.llm_upstream
+    for router in (routes_store.router, routes_rollouts.router, otlp.router, proxy.router):
         app.include_router(router)
     _add_error_handlers(app)
     _add_metrics(app)
     return Guards(app, token=settings.token, max_body_bytes=settings.max_body_bytes)
+
+
+async def _drain(tasks: set[asyncio.Task[None]]) -> None:
+    if tasks:
+        await asyncio.gather(*list(tasks), return_exceptions=True)
 
 
 def _error(status: int, exc: StoreError | Exception, field: str | None = None) -> JSONResponse:

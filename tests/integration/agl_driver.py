@@ -21,6 +21,7 @@ Exit status: 0 when every check passed, 1 otherwise, 2 on a crash of the driver 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import logging
@@ -29,7 +30,7 @@ import sys
 import time
 import traceback
 import urllib.request
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # agentlightning imports litellm, which else stalls
@@ -49,6 +50,7 @@ from agentlightning import (
 )
 from agentlightning.store.client_server import LightningStoreClient
 from agentlightning.types.tracer import OtelResource, SpanContext, TraceStatus
+from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -147,7 +149,7 @@ class Driver:
         self.failures: list[str] = []
         self.differences: list[str] = []
         self.calls: dict[str, int] = {}
-        self.state: dict[str, Any] = {}
+        self.state: dict[str, Any] = {"created": 7, "created_attempts": 10}
         self._step = ""
         self._call = ""
         self._mark = 0
@@ -320,6 +322,10 @@ class Driver:
         plain = await self.call("enqueue_rollout(nulls)", self.client.enqueue_rollout("plain"))
         self.expect(plain.config == RolloutConfig(), "the default config for config=null", plain)
         self.expect(plain.metadata in ({}, None), "metadata {} (reference) or null", plain)
+        latest = UPSERT_RESOURCES_ID
+        self.expect(
+            plain.resources_id == latest, f"resources_id=null filled with the latest resources ({latest})", plain
+        )
         if plain.metadata is None:
             self.differ("metadata=null is stored as null; the reference stores {}")
         many = await self.call(
@@ -365,6 +371,8 @@ class Driver:
         self.require(isinstance(started, AttemptedRollout), "an AttemptedRollout", started)
         self.expect(started.status == "preparing" and started.mode == "test", "preparing, mode test", started)
         self.expect(started.attempt.sequence_id == 1 and started.attempt.worker_id == "agl-w3", "attempt 1", started)
+        latest = UPSERT_RESOURCES_ID
+        self.expect(started.resources_id == latest, f"resources_id filled with the latest ({latest})", started)
         rid = self.state["rD"] = started.rollout_id
         second = await self.call("start_attempt(worker_id=agl-w3)", self.client.start_attempt(rid, "agl-w3"))
         self.require(isinstance(second, AttemptedRollout), "an AttemptedRollout", second)
@@ -396,6 +404,16 @@ class Driver:
         self.expect(nothing is None, "None", nothing)
         unknown = await self.call("get_latest_attempt(unknown)", self.client.get_latest_attempt(UNKNOWN))
         self.expect(unknown is None, "None", unknown)
+        old = await self.call(
+            "update_attempt(rD, first attempt, status=failed)", self.client.update_attempt(rid, ids[0], status="failed")
+        )
+        self.expect(old.status == "failed" and old.end_time is not None, "failed with end_time", old)
+        rollout = await self.call(
+            "get_rollout_by_id(rD) after an old attempt failed", self.client.get_rollout_by_id(rid)
+        )
+        self.expect(rollout is not None and rollout.status == "preparing", "still preparing (not the latest)", rollout)
+        bad = await self.call_raises("query_attempts(sort_by=bogus)", self.client.query_attempts(rid, sort_by="bogus"))
+        self.expect(isinstance(bad, aiohttp.ClientResponseError), "ClientResponseError (400)", repr(bad))
         none = await self.call("query_attempts(unknown rollout)", self.client.query_attempts(UNKNOWN))
         self.expect(len(none) == 0 and none.total == 0, "an empty page (200)", none)
 
@@ -449,6 +467,8 @@ class Driver:
         self.expect(self.same_span(added, s1), f"the span echoed with its extras: {short(s1)}", added)
         attempt = await self.call("get_latest_attempt(rA) after a span", self.client.get_latest_attempt(rid))
         self.expect(attempt is not None and attempt.status == "running", "the attempt running after a span", attempt)
+        beat = None if attempt is None else attempt.last_heartbeat_time
+        self.expect(beat is not None, "last_heartbeat_time set by a span", attempt)
         rollout = await self.call("get_rollout_by_id(rA) after a span", self.client.get_rollout_by_id(rid))
         self.expect(rollout is not None and rollout.status == "running", "the rollout running after a span", rollout)
         await self.spans_many(s1)
@@ -491,30 +511,41 @@ class Driver:
         self.state["otel_spans"] = 2
 
     def export_otlp(self, rollout_id: str, attempt_id: str) -> list[SpanExportResult]:
-        """A parent and a child span through a real OTLP/HTTP exporter, each exported as it ends."""
-        resource = Resource.create({"agentlightning.rollout_id": rollout_id, "agentlightning.attempt_id": attempt_id})
-        exporter = OTLPSpanExporter(endpoint=self.client.otlp_traces_endpoint(), timeout=10)
+        """Through real OTLP/HTTP exporters, each span exported as it ends: a parent and a child; one span gzipped;
+        one span whose resource has no rollout or attempt id (the server drops it and still answers 200)."""
+        ids = {"agentlightning.rollout_id": rollout_id, "agentlightning.attempt_id": attempt_id}
         results: list[SpanExportResult] = []
-        provider = TracerProvider(resource=resource)
-        provider.add_span_processor(_Recording(exporter, results))
-        tracer = provider.get_tracer("agl-driver-otlp")
-        with tracer.start_as_current_span("otlp.parent", attributes={"step": 1}):
+        with self.tracer(ids, results) as tracer, tracer.start_as_current_span("otlp.parent", attributes={"step": 1}):
             child_attributes = {"agentlightning.span_sequence_id": str(OTLP_CHILD_SEQUENCE_ID), "x": 1.5}
             with tracer.start_as_current_span("otlp.child", attributes=child_attributes):
                 pass
-        provider.shutdown()
+        with self.tracer(ids, results, compression=Compression.Gzip) as tracer:
+            tracer.start_span("otlp.gzip").end()
+        with self.tracer({"service.name": "no-ids"}, results) as tracer:
+            tracer.start_span("orphan.span").end()
         return results
+
+    @contextlib.contextmanager
+    def tracer(self, resource: dict[str, Any], results: list[SpanExportResult], **options: Any) -> Iterator[Any]:
+        exporter = OTLPSpanExporter(endpoint=self.client.otlp_traces_endpoint(), timeout=10, **options)
+        provider = TracerProvider(resource=Resource.create(resource))
+        provider.add_span_processor(_Recording(exporter, results))
+        try:
+            yield provider.get_tracer("agl-driver-otlp")
+        finally:
+            provider.shutdown()
 
     async def otlp(self) -> None:
         rid, aid = self.state["rA"], self.state["a1"]
         self._call, self._mark = "OTLPSpanExporter.export -> /v1/traces", self.http.mark()
         results = await asyncio.to_thread(self.export_otlp, rid, aid)
-        self.expect(results == [SpanExportResult.SUCCESS] * 2, "two successful exports", [r.name for r in results])
+        self.expect(results == [SpanExportResult.SUCCESS] * 4, "four successful exports", [r.name for r in results])
         page = await self.call(
             "query_spans(rA, name_contains=otlp.)", self.client.query_spans(rid, name_contains="otlp.")
         )
         by_name = {s.name: s for s in page}
-        self.require(set(by_name) == {"otlp.parent", "otlp.child"}, "both OTLP spans stored", page)
+        expected = {"otlp.parent", "otlp.child", "otlp.gzip"}
+        self.require(set(by_name) == expected, f"the OTLP spans {sorted(expected)} stored", page)
         child, parent = by_name["otlp.child"], by_name["otlp.parent"]
         self.expect(child.sequence_id == OTLP_CHILD_SEQUENCE_ID, "the child's span_sequence_id attribute", child)
         self.expect(parent.sequence_id > OTLP_CHILD_SEQUENCE_ID, f"the parent after {OTLP_CHILD_SEQUENCE_ID}", parent)
@@ -522,7 +553,7 @@ class Driver:
         self.expect(child.resource.attributes.get("agentlightning.rollout_id") == rid, "resource kept", child)
         self.expect(child.attributes.get("x") == 1.5, "span attributes kept", child)
         self.expect(parent.status.status_code == "UNSET", "status UNSET", parent)
-        self.state["otlp_spans"] = 2
+        self.state["otlp_spans"] = 3
 
     async def span_queries(self) -> None:
         rid, aid = self.state["rA"], self.state["a1"]
@@ -570,6 +601,16 @@ class Driver:
         self.expect(isinstance(bad, aiohttp.ClientResponseError), "ClientResponseError (400)", repr(bad))
         none = await self.call("query_spans(unknown rollout)", self.client.query_spans(UNKNOWN))
         self.expect(len(none) == 0 and none.total == 0, "an empty page (200)", none)
+
+    async def span_unknowns(self) -> None:
+        rid = self.state["rA"]
+        none = await self.call("query_spans(rA, unknown attempt)", self.client.query_spans(rid, "at-nope"))
+        self.expect(len(none) == 0 and none.total == 0, "an empty page (200)", none)
+        first = await self.call(
+            "get_next_span_sequence_id(unknown rollout, unknown attempt)",
+            self.client.get_next_span_sequence_id(UNKNOWN, "at-nope"),
+        )
+        self.expect(first == 1, "1 (the counter is per rollout id; unknown ids are not checked)", first)
 
     # Updates ---------------------------------------------------------------------------------------------------
 
@@ -721,6 +762,16 @@ class Driver:
         self.expect((window.limit, window.offset, window.total) == (3, 1, len(order)), f"3, 1, {len(order)}", window)
         bad = await self.call_raises("query_rollouts(sort_by=bogus)", self.client.query_rollouts(sort_by="bogus"))
         self.expect(isinstance(bad, aiohttp.ClientResponseError), "ClientResponseError (400)", repr(bad))
+        zero = await self.call_raises("query_rollouts(limit=0)", self.client.query_rollouts(limit=0))
+        self.expect(isinstance(zero, aiohttp.ClientResponseError), "ClientResponseError (400)", repr(zero))
+        negative = await self.call_raises("query_rollouts(offset=-1)", self.client.query_rollouts(offset=-1))
+        self.expect(isinstance(negative, aiohttp.ClientResponseError), "ClientResponseError (400)", repr(negative))
+        workers = await self.call_raises("query_workers(sort_by=bogus)", self.client.query_workers(sort_by="bogus"))
+        self.expect(isinstance(workers, aiohttp.ClientResponseError), "ClientResponseError (400)", repr(workers))
+        resources = await self.call_raises(
+            "query_resources(sort_by=bogus)", self.client.query_resources(sort_by="bogus")
+        )
+        self.expect(isinstance(resources, aiohttp.ClientResponseError), "ClientResponseError (400)", repr(resources))
 
     async def workers(self) -> None:
         page = await self.call("query_workers()", self.client.query_workers())
@@ -778,18 +829,44 @@ class Driver:
         claimed = await self.call("dequeue_rollout() (rE left)", self.client.dequeue_rollout())
         self.expect(claimed is not None and claimed.rollout_id == rE, f"{rE}", claimed)
         self.expect(claimed is not None and claimed.attempt.worker_id is None, "no worker", claimed)
+        before = time.time()
         empty = await self.call("dequeue_rollout() (empty queue)", self.client.dequeue_rollout(worker_id="agl-w2"))
         self.expect(empty is None, "None", empty)
+        worker = await self.call(
+            "get_worker_by_id(agl-w2) after an empty dequeue", self.client.get_worker_by_id("agl-w2")
+        )
+        self.expect(worker is not None and worker.status == "idle", "idle (nothing to run)", worker)
+        dequeued = None if worker is None else worker.last_dequeue_time
+        self.expect(dequeued is not None and dequeued >= before - 1, "last_dequeue_time refreshed", worker)
         none = await self.call("dequeue_many_rollouts(limit=3) (empty)", self.client.dequeue_many_rollouts(limit=3))
         self.expect(list(none) == [], "[]", none)
         self.state["rE_attempts"] = 1
+
+    async def unknown_resources(self) -> None:
+        """Agent Lightning does not check that a rollout's resources_id exists."""
+        created = await self.call(
+            "enqueue_rollout(resources_id=unknown)", self.client.enqueue_rollout("x", resources_id="rs-unknown")
+        )
+        self.state["created"] += 1
+        self.expect(created.resources_id == "rs-unknown", "the rollout, with resources_id rs-unknown", created)
+        changed = await self.call(
+            "update_rollout(resources_id=unknown)",
+            self.client.update_rollout(created.rollout_id, resources_id="rs-unknown-2"),
+        )
+        self.expect(changed.resources_id == "rs-unknown-2", "resources_id rs-unknown-2", changed)
+        started = await self.call(
+            "start_rollout(resources_id=unknown)", self.client.start_rollout("y", resources_id="rs-unknown-3")
+        )
+        self.state["created"] += 1
+        self.state["created_attempts"] += 1
+        self.expect(started.resources_id == "rs-unknown-3", "resources_id rs-unknown-3", started)
 
     async def statistics(self) -> None:
         stats = await self.call("statistics()", self.client.statistics())
         self.require(isinstance(stats, dict), "a JSON object", stats)
         expected = {
-            "total_rollouts": 7,
-            "total_attempts": 10,
+            "total_rollouts": self.state["created"],
+            "total_attempts": self.state["created_attempts"],
             "total_resources": 2,
             "total_workers": 4,
         }
@@ -821,7 +898,7 @@ class Driver:
         spans = s.get("hand_spans", 0) + s.get("otel_spans", 0) + s.get("otlp_spans", 0)
         return {
             "rollouts": {k: v for k, v in rollouts.items() if k},
-            "rollout_count": 7,
+            "rollout_count": s.get("created"),
             "spans": {"rollout_id": s.get("rA"), "attempt_id": s.get("a1"), "count": spans},
             "resources": s.get("resources", {}),
             "workers": s.get("workers", []),
@@ -839,6 +916,7 @@ class Driver:
             ("spans", self.spans),
             ("otlp", self.otlp),
             ("query_spans", self.span_queries),
+            ("unknown span ids", self.span_unknowns),
             ("update_attempt", self.update_attempts),
             ("update_rollout", self.update_rollouts),
             ("get_rollout_by_id", self.get_rollouts),
@@ -846,6 +924,7 @@ class Driver:
             ("workers", self.workers),
             ("wait_for_rollouts", self.waits),
             ("dequeue (drain)", self.dequeue_empty),
+            ("unknown resources", self.unknown_resources),
             ("statistics", self.statistics),
         ]
         for name, body in steps:

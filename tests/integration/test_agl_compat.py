@@ -236,9 +236,11 @@ async def span_problems(store: HttpStore, expected: dict[str, Any]) -> list[str]
     if len(spans) != expected["count"]:
         problems.append(f"{len(spans)} spans on {expected['rollout_id']}, the driver wrote {expected['count']}")
     names = {span.name for span in spans}
-    missing = {"hand.span", "llm.call", "agent.run", "otlp.parent", "otlp.child"} - names
+    missing = {"hand.span", "llm.call", "agent.run", "otlp.parent", "otlp.child", "otlp.gzip"} - names
     if missing:
         problems.append(f"spans missing by name: {sorted(missing)} (stored: {sorted(names)})")
+    if "orphan.span" in names:
+        problems.append("the OTLP span without rollout/attempt ids was stored")
     numbers = [span.sequence_id for span in spans]
     if len(set(numbers)) != len(numbers):
         problems.append(f"duplicate sequence ids: {numbers}")

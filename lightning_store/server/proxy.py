@@ -1,0 +1,339 @@
+"""The LLM proxy: OpenAI-compatible endpoints bound to a rollout attempt, recording token-exact calls.
+
+``POST /rollout/{rollout_id}/attempt/{attempt_id}/v1/chat/completions`` (and ``/v1/completions``; or the same
+without the prefix and with ``x-rollout-id``/``x-attempt-id`` headers) forwards the request to the upstream named
+by the rollout's resources (the first ``llm`` resource; else the latest snapshot's; else the configured
+``llm_upstream``), asking it for token ids (``return_token_ids``) and logprobs the way vLLM returns them. The
+agent gets the upstream's answer unchanged (streamed when it asked for ``stream``). After the answer has gone
+out, a span and a typed :class:`~lightning_store.llm_calls.LlmCall` are recorded in the background, so a slow
+store never delays the agent. An upstream error goes back to the agent with its status and is recorded as an
+error span.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from lightning_store.contract import LightningStore
+from lightning_store.errors import InvalidRequestError, NotFoundError
+from lightning_store.llm_calls import LlmCall
+from lightning_store.models import AttemptedRollout
+from lightning_store.resources import LLM, ProxyLLM, ResourcesUpdate
+from lightning_store.server.routes_rollouts import Store
+from lightning_store.spans import Span
+
+logger = logging.getLogger(__name__)
+router = APIRouter()
+SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_tokens",
+    "max_completion_tokens",
+    "seed",
+    "stop",
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
+)
+
+
+@router.post("/rollout/{rollout_id}/attempt/{attempt_id}/v1/{kind:path}")
+async def proxy_bound(rollout_id: str, attempt_id: str, kind: str, request: Request, store: Store) -> Response:
+    return await _proxy(request, store, rollout_id, attempt_id, kind)
+
+
+@router.post("/v1/chat/completions")
+async def proxy_chat(request: Request, store: Store) -> Response:
+    return await _proxy(
+        request, store, request.headers.get("x-rollout-id"), request.headers.get("x-attempt-id"), "chat/completions"
+    )
+
+
+@router.post("/v1/completions")
+async def proxy_completions(request: Request, store: Store) -> Response:
+    return await _proxy(
+        request, store, request.headers.get("x-rollout-id"), request.headers.get("x-attempt-id"), "completions"
+    )
+
+
+async def _proxy(
+    request: Request, store: LightningStore, rollout_id: str | None, attempt_id: str | None, kind: str
+) -> Response:
+    if kind not in ("chat/completions", "completions"):
+        raise NotFoundError(f"no proxy route for /v1/{kind}", field="path")
+    if not rollout_id or not attempt_id:
+        raise InvalidRequestError(
+            "the call must name its rollout and attempt (path or x-rollout-id/x-attempt-id)",
+            field="rollout_id" if not rollout_id else "attempt_id",
+        )
+    body = await request.json()
+    if not isinstance(body, dict):
+        raise InvalidRequestError("the request body must be a JSON object", field="body")
+    rollout = await store.get_rollout_by_id(rollout_id)
+    if rollout is None:
+        raise NotFoundError(f"rollout {rollout_id!r} not found", field="rollout_id")
+    is_latest = isinstance(rollout, AttemptedRollout) and rollout.attempt.attempt_id == attempt_id
+    if not is_latest and attempt_id not in {a.attempt_id for a in await store.query_attempts(rollout_id)}:
+        raise NotFoundError(f"attempt {attempt_id!r} of rollout {rollout_id!r} not found", field="attempt_id")
+    resources = await _resources(store, rollout.resources_id)
+    llm = _upstream_llm(resources, request.app.state.llm_upstream)
+    if llm is None:
+        return JSONResponse(
+            {
+                "detail": "no LLM upstream: add an llm resource or set LIGHTNING_STORE_LLM_UPSTREAM",
+                "error_type": "NoUpstream",
+            },
+            status_code=502,
+        )
+    upstream_body = _with_token_ids(body, kind, llm)
+    call = _Call(store, request.app.state.background, rollout_id, attempt_id, kind, body, resources)
+    http: httpx.AsyncClient = request.app.state.upstream_http
+    url = f"{llm.endpoint.rstrip('/')}/{kind}"
+    headers = {"Authorization": f"Bearer {llm.api_key}"} if llm.api_key else {}
+    if body.get("stream"):
+        return await _stream(http, url, upstream_body, headers, call)
+    try:
+        upstream = await http.post(url, json=upstream_body, headers=headers)
+    except httpx.HTTPError as exc:
+        call.record_error(502, str(exc))
+        return JSONResponse({"detail": f"upstream unreachable: {exc}", "error_type": "UpstreamError"}, status_code=502)
+    if upstream.status_code >= 400:
+        call.record_error(upstream.status_code, upstream.text)
+        return Response(
+            upstream.content,
+            status_code=upstream.status_code,
+            media_type=upstream.headers.get("content-type", "application/json"),
+        )
+    data = upstream.json()
+    call.record(data)
+    return JSONResponse(data)
+
+
+async def _resources(store: LightningStore, resources_id: str | None) -> ResourcesUpdate | None:
+    if resources_id is not None:
+        found = await store.get_resources_by_id(resources_id)
+        if found is not None:
+            return found
+    return await store.get_latest_resources()
+
+
+def _upstream_llm(resources: ResourcesUpdate | None, configured: str | None) -> LLM | None:
+    if resources is not None:
+        for resource in resources.resources.values():
+            if isinstance(resource, LLM | ProxyLLM) and resource.resource_type == "llm":
+                return LLM.model_validate(resource.model_dump())
+    if configured:
+        return LLM(endpoint=configured, model="")
+    return None
+
+
+def _with_token_ids(body: dict[str, Any], kind: str, llm: LLM) -> dict[str, Any]:
+    """The request as the upstream should get it: token ids and logprobs on, the model named."""
+    upstream = {**llm.sampling_parameters, **body, "return_token_ids": True}
+    if not upstream.get("model") and llm.model:
+        upstream["model"] = llm.model
+    if kind == "chat/completions":
+        upstream.setdefault("logprobs", True)
+    else:
+        upstream.setdefault("logprobs", 1)
+    if body.get("stream"):
+        upstream.setdefault("stream_options", {"include_usage": True})
+    return upstream
+
+
+async def _stream(
+    http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str], call: _Call
+) -> Response:
+    request = http.build_request("POST", url, json=body, headers=headers)
+    try:
+        upstream = await http.send(request, stream=True)
+    except httpx.HTTPError as exc:
+        call.record_error(502, str(exc))
+        return JSONResponse({"detail": f"upstream unreachable: {exc}", "error_type": "UpstreamError"}, status_code=502)
+    if upstream.status_code >= 400:
+        content = await upstream.aread()
+        await upstream.aclose()
+        call.record_error(upstream.status_code, content.decode(errors="replace"))
+        return Response(
+            content,
+            status_code=upstream.status_code,
+            media_type=upstream.headers.get("content-type", "application/json"),
+        )
+
+    async def relay() -> AsyncIterator[bytes]:
+        assembled = _Assembler()
+        try:
+            async for line in upstream.aiter_lines():
+                assembled.feed(line)
+                yield (line + "\n").encode()
+        finally:
+            await upstream.aclose()
+            call.record(assembled.response())
+
+    return StreamingResponse(relay(), media_type="text/event-stream")
+
+
+class _Assembler:
+    """Rebuilds one response (text, token ids, logprobs) from an OpenAI/vLLM server-sent event stream."""
+
+    def __init__(self) -> None:
+        self.prompt_token_ids: list[int] = []
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.text: list[str] = []
+        self.finish_reason: str | None = None
+        self.model: str | None = None
+        self.usage: dict[str, Any] | None = None
+
+    def feed(self, line: str) -> None:
+        if not line.startswith("data:"):
+            return
+        payload = line[len("data:") :].strip()
+        if not payload or payload == "[DONE]":
+            return
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            return
+        self.model = chunk.get("model", self.model)
+        self.usage = chunk.get("usage") or self.usage
+        self.prompt_token_ids = chunk.get("prompt_token_ids") or self.prompt_token_ids
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue
+            self.prompt_token_ids = choice.get("prompt_token_ids") or self.prompt_token_ids
+            self.token_ids.extend(choice.get("token_ids") or [])
+            delta = choice.get("delta") or {}
+            self.text.append(delta.get("content") or choice.get("text") or "")
+            self.logprobs.extend(_logprobs(choice))
+            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+
+    def response(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "prompt_token_ids": self.prompt_token_ids,
+            "usage": self.usage,
+            "choices": [
+                {
+                    "index": 0,
+                    "token_ids": self.token_ids,
+                    "finish_reason": self.finish_reason,
+                    "message": {"role": "assistant", "content": "".join(self.text)},
+                    "logprobs": {"content": [{"logprob": v} for v in self.logprobs]},
+                }
+            ],
+        }
+
+
+def _logprobs(choice: dict[str, Any]) -> list[float]:
+    logprobs = choice.get("logprobs") or {}
+    if logprobs.get("content") is not None:  # chat
+        return [float(item["logprob"]) for item in logprobs["content"]]
+    return [float(v) for v in logprobs.get("token_logprobs") or [] if v is not None]  # completions
+
+
+class _Call:
+    """One proxied call; ``record``/``record_error`` schedule the store writes without awaiting them."""
+
+    def __init__(
+        self,
+        store: LightningStore,
+        background: set[asyncio.Task[None]],
+        rollout_id: str,
+        attempt_id: str,
+        kind: str,
+        request: dict[str, Any],
+        resources: ResourcesUpdate | None,
+    ) -> None:
+        self.store, self.background = store, background
+        self.rollout_id, self.attempt_id, self.kind, self.request = rollout_id, attempt_id, kind, request
+        self.resources = resources
+        self.started = time.time()
+        self.span_id = secrets.token_hex(8)
+
+    def record(self, response: dict[str, Any]) -> None:
+        self._schedule(self._write(response, None))
+
+    def record_error(self, status: int, detail: str) -> None:
+        self._schedule(self._write(None, f"upstream answered {status}: {detail[:2000]}"))
+
+    def _schedule(self, work: Any) -> None:
+        task = asyncio.create_task(work)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    async def _write(self, response: dict[str, Any] | None, error: str | None) -> None:
+        ended = time.time()
+        try:
+            sequence_id = await self.store.get_next_span_sequence_id(self.rollout_id, self.attempt_id)
+            choice = ((response or {}).get("choices") or [{}])[0]
+            prompt_ids = (response or {}).get("prompt_token_ids") or choice.get("prompt_token_ids") or []
+            response_ids = choice.get("token_ids") or []
+            model = (response or {}).get("model") or self.request.get("model")
+            operation = "chat" if self.kind == "chat/completions" else "text_completion"
+            attributes: dict[str, Any] = {
+                "gen_ai.operation.name": operation,
+                "gen_ai.request.model": self.request.get("model"),
+                "gen_ai.response.model": model,
+                "gen_ai.usage.input_tokens": len(prompt_ids),
+                "gen_ai.usage.output_tokens": len(response_ids),
+                "lightning_store.llm_call": True,
+            }
+            if choice.get("finish_reason"):
+                attributes["gen_ai.response.finish_reasons"] = [choice["finish_reason"]]
+            if error:
+                attributes["error.type"] = "upstream_error"
+            span = Span(
+                rollout_id=self.rollout_id,
+                attempt_id=self.attempt_id,
+                sequence_id=sequence_id,
+                trace_id=secrets.token_hex(16),
+                span_id=self.span_id,
+                name=f"{operation} {model or ''}".strip(),
+                status={"status_code": "ERROR" if error else "OK", "description": error},
+                attributes={k: v for k, v in attributes.items() if v is not None},
+                start_time=self.started,
+                end_time=ended,
+            )
+            await self.store.add_many_spans([span])
+            if error is None:
+                await self.store.add_llm_calls(
+                    [
+                        LlmCall(
+                            rollout_id=self.rollout_id,
+                            attempt_id=self.attempt_id,
+                            span_id=self.span_id,
+                            sequence_id=sequence_id,
+                            model=model,
+                            agent_name=self.request.get("metadata", {}).get("agent_name")
+                            if isinstance(self.request.get("metadata"), dict)
+                            else None,
+                            resources_id=self.resources.resources_id if self.resources else None,
+                            resources_version=self.resources.version if self.resources else None,
+                            prompt_token_ids=prompt_ids,
+                            response_token_ids=response_ids,
+                            response_logprobs=_logprobs(choice) or None,
+                            request=self.request,
+                            response=response,
+                            sampling_parameters={k: self.request[k] for k in SAMPLING_KEYS if k in self.request},
+                            finish_reason=choice.get("finish_reason"),
+                            start_time=self.started,
+                            end_time=ended,
+                            latency_seconds=ended - self.started,
+                        )
+                    ]
+                )
+        except Exception:
+            # The agent already has its answer; a failed record is logged, never raised into the request.
+            logger.exception("could not record the LLM call of rollout %s attempt %s", self.rollout_id, self.attempt_id)

@@ -1,0 +1,154 @@
+"""The LLM proxy in front of a real OpenAI-compatible policy server (transformers, a tiny model built offline)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from algorithms.serving.policy_server import PolicyServer
+from algorithms.serving.tiny_model import build_tiny_model
+from lightning_store import LLM, LlmCall
+from lightning_store.models import AttemptedRollout
+from lightning_store.sql import SqlStore, open_store
+from tests.conftest import serve_app, serving
+
+MESSAGES = [{"role": "system", "content": "Use the tools."}, {"role": "user", "content": "My flight was cancelled."}]
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory: pytest.TempPathFactory) -> PolicyServer:
+    return PolicyServer(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model"), model_name="tiny")
+
+
+@pytest.fixture
+async def upstream(policy: PolicyServer) -> AsyncIterator[str]:
+    async with serve_app(policy.app()) as url:
+        yield url
+
+
+@pytest.fixture
+async def sql_store(database_url: str) -> AsyncIterator[SqlStore]:
+    store = await open_store(database_url, migrate=True, watchdog_interval=0)
+    yield store
+    await store.close()
+
+
+@pytest.fixture
+async def proxy(sql_store: SqlStore) -> AsyncIterator[httpx.AsyncClient]:
+    async with serving(sql_store) as url, httpx.AsyncClient(base_url=url, timeout=60) as client:
+        yield client
+
+
+@pytest.fixture
+async def rollout(sql_store: SqlStore, upstream: str) -> AttemptedRollout:
+    resources = await sql_store.add_resources({"policy": LLM(endpoint=f"{upstream}/v1", model="tiny")})
+    return await sql_store.start_rollout({"task": "flight"}, resources_id=resources.resources_id)
+
+
+def bound(rollout: AttemptedRollout, kind: str = "chat/completions") -> str:
+    return f"/rollout/{rollout.rollout_id}/attempt/{rollout.attempt.attempt_id}/v1/{kind}"
+
+
+async def recorded(store: SqlStore, rollout_id: str, count: int = 1) -> list[LlmCall]:
+    """The proxy records after answering: wait (bounded) for the background write."""
+    for _ in range(200):
+        calls = await store.query_llm_calls([rollout_id])
+        if len(calls) >= count:
+            return calls
+        await asyncio.sleep(0.025)
+    raise AssertionError(f"expected {count} recorded calls")
+
+
+async def test_chat_call_is_answered_and_recorded_token_exact(
+    proxy: httpx.AsyncClient, sql_store: SqlStore, rollout: AttemptedRollout, policy: PolicyServer
+) -> None:
+    response = await proxy.post(bound(rollout), json={"messages": MESSAGES, "max_tokens": 6, "temperature": 0})
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["choices"][0]["message"]["role"] == "assistant"
+    [call] = await recorded(sql_store, rollout.rollout_id)
+    expected_prompt = list(
+        policy.tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False)
+    )
+    assert call.prompt_token_ids == expected_prompt == answer["prompt_token_ids"]
+    assert call.response_token_ids == answer["choices"][0]["token_ids"] and len(call.response_token_ids) > 0
+    assert call.response_logprobs is not None and len(call.response_logprobs) == len(call.response_token_ids)
+    assert call.model == "tiny" and call.sampling_parameters == {"max_tokens": 6, "temperature": 0}
+    assert call.resources_id == rollout.resources_id and call.resources_version == 1
+    assert call.latency_seconds is not None and call.latency_seconds >= 0
+    [span] = await sql_store.query_spans(rollout.rollout_id)
+    assert span.span_id == call.span_id and span.attributes["gen_ai.operation.name"] == "chat"
+    assert span.attributes["gen_ai.usage.output_tokens"] == len(call.response_token_ids)
+    attempt = await sql_store.get_latest_attempt(rollout.rollout_id)
+    assert attempt is not None and attempt.status == "running"  # the span was a heartbeat
+
+
+async def test_streaming_chat_still_captures_token_ids(
+    proxy: httpx.AsyncClient, sql_store: SqlStore, rollout: AttemptedRollout
+) -> None:
+    chunks: list[dict[str, Any]] = []
+    body = {"messages": MESSAGES, "max_tokens": 5, "temperature": 0, "stream": True}
+    async with proxy.stream("POST", bound(rollout), json=body) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if line.startswith("data:") and line.strip() != "data: [DONE]":
+                chunks.append(json.loads(line[len("data:") :]))
+    streamed_ids = [t for c in chunks for choice in c["choices"] for t in choice.get("token_ids", [])]
+    text = "".join(choice["delta"].get("content") or "" for c in chunks for choice in c["choices"])
+    [call] = await recorded(sql_store, rollout.rollout_id)
+    assert call.response_token_ids == streamed_ids and len(streamed_ids) > 0
+    assert call.prompt_token_ids == chunks[0]["prompt_token_ids"]
+    assert call.response is not None and call.response["choices"][0]["message"]["content"] == text
+
+
+async def test_completions_and_header_binding(
+    proxy: httpx.AsyncClient, sql_store: SqlStore, rollout: AttemptedRollout
+) -> None:
+    response = await proxy.post(
+        "/v1/completions",
+        json={"prompt": "The answer is", "max_tokens": 4, "temperature": 0},
+        headers={"x-rollout-id": rollout.rollout_id, "x-attempt-id": rollout.attempt.attempt_id},
+    )
+    assert response.status_code == 200, response.text
+    [call] = await recorded(sql_store, rollout.rollout_id)
+    assert call.prompt_token_ids == response.json()["choices"][0]["prompt_token_ids"]
+    assert call.response_token_ids == response.json()["choices"][0]["token_ids"]
+
+
+async def test_upstream_error_goes_back_and_is_recorded_as_an_error_span(
+    proxy: httpx.AsyncClient, sql_store: SqlStore, rollout: AttemptedRollout
+) -> None:
+    response = await proxy.post(bound(rollout), json={"messages": []})
+    assert response.status_code == 400
+    assert "messages" in response.json()["error"]["message"]
+    for _ in range(200):
+        spans = await sql_store.query_spans(rollout.rollout_id)
+        if spans:
+            break
+        await asyncio.sleep(0.025)
+    assert [s.status.status_code for s in spans] == ["ERROR"]
+    assert await sql_store.query_llm_calls([rollout.rollout_id]) == []
+
+
+async def test_unknown_ids_and_missing_upstream(proxy: httpx.AsyncClient, sql_store: SqlStore) -> None:
+    response = await proxy.post("/rollout/ro-missing/attempt/at-x/v1/chat/completions", json={"messages": MESSAGES})
+    assert response.status_code == 404 and response.json()["field"] == "rollout_id"
+    orphan = await sql_store.start_rollout(1)  # no resources at all, no configured upstream
+    response = await proxy.post(bound(orphan), json={"messages": MESSAGES})
+    assert response.status_code == 502
+    response = await proxy.post(
+        f"/rollout/{orphan.rollout_id}/attempt/at-missing/v1/chat/completions", json={"messages": MESSAGES}
+    )
+    assert response.status_code == 404 and response.json()["field"] == "attempt_id"
+    response = await proxy.post("/v1/chat/completions", json={"messages": MESSAGES})
+    assert response.status_code == 422 and response.json()["field"] == "rollout_id"
+
+
+def test_tiny_model_files_exist(policy: PolicyServer) -> None:
+    assert (Path(policy.model_dir) / "config.json").exists()
