@@ -138,13 +138,12 @@ def store_serve(database_url: str, directory: Path) -> Iterator[Served]:
 
 
 @pytest.fixture
-def server_database(
-    request: pytest.FixtureRequest, tmp_path: Path, pg_templates: TemplateDatabases | None
-) -> Iterator[str]:
+def server_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh database for the server: a SQLite file, or a Postgres clone of the migrated template."""
     if request.param == "sqlite":
         yield f"sqlite+aiosqlite:///{tmp_path / 's.db'}"
         return
+    pg_templates: TemplateDatabases | None = request.getfixturevalue("pg_templates")  # only Postgres needs it
     if pg_templates is None:
         pytest.skip("no PostgreSQL server answers at LIGHTNING_STORE_TEST_POSTGRES_URL")
     url = asyncio.run(pg_templates.clone())
