@@ -43,6 +43,9 @@ def serve(
     migrate_on_start: Annotated[
         bool | None, typer.Option("--migrate/--no-migrate", help="Upgrade the schema first [default: on for SQLite].")
     ] = None,
+    llm_upstream: Annotated[
+        str | None, typer.Option(help="OpenAI-compatible base URL for the LLM proxy when no llm resource names one.")
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
     """Serve the store over HTTP: the Agent Lightning 0.3 REST API under /v1/agl, OTLP at /v1/traces, /metrics."""
@@ -59,6 +62,7 @@ def serve(
         insecure=insecure or None,
         max_body_bytes=max_body_bytes,
         migrate_on_start=migrate_on_start,
+        llm_upstream=llm_upstream,
     )
     try:
         run_server(settings, log_level=log_level)
