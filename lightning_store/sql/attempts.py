@@ -35,13 +35,6 @@ class AttemptOps(SqlBase):
         )
         return {row["rollout_id"]: attempt_from_row(row) for row in (await conn.execute(query)).mappings()}
 
-    async def _require_rollout(self, conn: AsyncConnection, rollout_id: str) -> None:
-        from lightning_store.sql.schema import rollouts
-
-        found = await conn.execute(sa.select(rollouts.c.pk).where(rollouts.c.rollout_id == rollout_id))
-        if found.first() is None:
-            raise NotFoundError(f"rollout {rollout_id!r} not found", field="rollout_id")
-
     async def query_attempts(
         self,
         rollout_id: str,
@@ -52,7 +45,6 @@ class AttemptOps(SqlBase):
         offset: int = 0,
     ) -> PaginatedResult[Attempt]:
         async with self._read() as conn:
-            await self._require_rollout(conn, rollout_id)
             rows, total = await fetch_page(
                 conn,
                 sa.select(attempts).where(attempts.c.rollout_id == rollout_id),
@@ -68,7 +60,6 @@ class AttemptOps(SqlBase):
 
     async def get_latest_attempt(self, rollout_id: str) -> Attempt | None:
         async with self._read() as conn:
-            await self._require_rollout(conn, rollout_id)
             return await transitions.latest_attempt(conn, rollout_id)
 
     async def update_attempt(

@@ -11,7 +11,6 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from lightning_store.contract import UNSET, Unset
-from lightning_store.errors import NotFoundError
 from lightning_store.models import (
     ROLLOUT_MODES,
     ROLLOUT_STATUSES,
@@ -127,18 +126,8 @@ class RolloutOps(AttemptOps, WorkerOps):
         return insert_ignoring_conflicts(self.dialect, rollouts, ["rollout_id"]).returning(*rollouts.c)
 
     async def _resolve_resources(self, conn: AsyncConnection, requests: list[EnqueueRolloutRequest]) -> str | None:
-        """Check that named resources exist; return the latest snapshot's id for requests that name none."""
-        named = {r.resources_id for r in requests if r.resources_id is not None}
-        if named:
-            found = set(
-                (
-                    await conn.execute(sa.select(resources.c.resources_id).where(resources.c.resources_id.in_(named)))
-                ).scalars()
-            )
-            for i, r in enumerate(requests):
-                if r.resources_id not in found and r.resources_id is not None:
-                    field = "resources_id" if len(requests) == 1 else f"rollouts.{i}.resources_id"
-                    raise NotFoundError(f"resources {r.resources_id!r} not found", field=field)
+        """The latest snapshot's id, for requests that name no resources. A named id is kept as given, even one
+        not stored (yet): Agent Lightning accepts it, and a snapshot may be written under that id later."""
         if all(r.resources_id is not None for r in requests):
             return None
         return (await conn.execute(_LATEST_RESOURCES_ID)).scalar_one_or_none()
@@ -321,10 +310,6 @@ class RolloutOps(AttemptOps, WorkerOps):
                 validate.one_of(status, ROLLOUT_STATUSES, "status")
                 values.update(transitions.rollout_status_values(status, now))
                 transitions.wake_for_status(wakeups, status)
-            if isinstance(resources_id, str):
-                found = await conn.execute(sa.select(resources.c.pk).where(resources.c.resources_id == resources_id))
-                if found.first() is None:
-                    raise NotFoundError(f"resources {resources_id!r} not found", field="resources_id")
             if values:
                 await conn.execute(sa.update(rollouts).where(rollouts.c.rollout_id == rollout_id).values(values))
             updated = (await self._rollouts_by_id(conn, [rollout_id]))[rollout_id]
@@ -342,9 +327,7 @@ class RolloutOps(AttemptOps, WorkerOps):
                         )
                     ).all()
                 )
-                missing = set(wanted) - {rollout_id for rollout_id, _ in rows}
-                if missing:
-                    raise NotFoundError(f"rollouts not found: {', '.join(sorted(missing))}", field="rollout_ids")
+                # An unknown id never finishes (as in Agent Lightning): it is waited for, then left out.
                 done = [rollout_id for rollout_id, status in rows if status in TERMINAL_ROLLOUT_STATUSES]
                 if len(done) == len(wanted) or (deadline is not None and time.monotonic() >= deadline):
                     stored = await self._rollouts_by_id(conn, done)

@@ -143,7 +143,11 @@ class SpanOps(AttemptOps):
         return await self.add_span(Span.from_opentelemetry(readable_span, rollout_id, attempt_id, sequence_id))
 
     async def get_next_span_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
-        return (await self.get_many_span_sequence_ids([(rollout_id, attempt_id)]))[0]
+        try:
+            return (await self.get_many_span_sequence_ids([(rollout_id, attempt_id)]))[0]
+        except NotFoundError as exc:
+            exc.field = "attempt_id"
+            raise
 
     async def get_many_span_sequence_ids(self, rollout_attempt_ids: Sequence[tuple[str, str]]) -> Sequence[int]:
         if not rollout_attempt_ids:
@@ -215,7 +219,6 @@ class SpanOps(AttemptOps):
         if combined is not None:
             query = query.where(combined)
         async with self._read() as conn:
-            await self._require_rollout(conn, rollout_id)
             scope = await self._resolve_attempt(conn, rollout_id, attempt_id)
             if scope is not None:
                 query = query.where(spans.c.attempt_id == scope)
@@ -233,16 +236,9 @@ class SpanOps(AttemptOps):
         return PaginatedResult(items=[span_from_row(r) for r in rows], limit=limit, offset=offset, total=total)
 
     async def _resolve_attempt(self, conn: AsyncConnection, rollout_id: str, attempt_id: str | None) -> Any:
-        """``None`` for all attempts; the latest attempt's id for ``"latest"``; a checked id otherwise."""
-        if attempt_id is None:
-            return None
-        if attempt_id == "latest":
-            latest = (await self._latest_attempts(conn, [rollout_id])).get(rollout_id)
-            # No attempt yet: match nothing rather than everything.
-            return latest.attempt_id if latest else ""
-        found = await conn.execute(
-            sa.select(attempts.c.pk).where(attempts.c.rollout_id == rollout_id, attempts.c.attempt_id == attempt_id)
-        )
-        if found.first() is None:
-            raise NotFoundError(f"attempt {attempt_id!r} of rollout {rollout_id!r} not found", field="attempt_id")
-        return attempt_id
+        """``None`` for all attempts; the latest attempt's id for ``"latest"`` (``""``, matching nothing, when
+        there is none); the given id otherwise. Reads of unknown ids find nothing, as in Agent Lightning."""
+        if attempt_id != "latest":
+            return attempt_id
+        latest = (await self._latest_attempts(conn, [rollout_id])).get(rollout_id)
+        return latest.attempt_id if latest else ""

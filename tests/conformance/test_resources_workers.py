@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from lightning_store.contract import LightningStore
-from lightning_store.errors import InvalidRequestError, NotFoundError
+from lightning_store.errors import InvalidRequestError
 from lightning_store.models import AttemptStatus, EnqueueRolloutRequest, WorkerStatus
 from lightning_store.resources import LLM, NamedResources, PromptTemplate, ProxyLLM
 from tests.conftest import StoreFactory
@@ -196,27 +196,17 @@ async def test_query_resources_rejects_unknown_sort_field(store: LightningStore)
 # Resources and the queue ---------------------------------------------------------------------------------
 
 
-async def test_enqueue_with_unknown_resources_id_raises_and_enqueues_nothing(store: LightningStore) -> None:
-    with pytest.raises(NotFoundError) as caught:
-        await store.enqueue_rollout({"q": 1}, resources_id="rs-missing")
-
-    assert caught.value.field == "resources_id"
-    assert (await store.query_rollouts()).total == 0
-    assert await store.dequeue_rollout() is None
-
-
-async def test_enqueue_many_with_one_unknown_resources_id_enqueues_nothing(store: LightningStore) -> None:
-    known = await store.add_resources(llm())
-    requests = [
-        EnqueueRolloutRequest(input=1, resources_id=known.resources_id),
-        EnqueueRolloutRequest(input=2, resources_id="rs-missing"),
-    ]
-
-    with pytest.raises(NotFoundError) as caught:
-        await store.enqueue_many_rollouts(requests)
-
-    assert caught.value.field == "rollouts.1.resources_id"
-    assert (await store.query_rollouts()).total == 0
+async def test_an_unknown_resources_id_is_kept_as_given(store: LightningStore) -> None:
+    # As in Agent Lightning: the id is a reference that a snapshot may be written under later.
+    queued = await store.enqueue_rollout({"q": 1}, resources_id="rs-later")
+    many = await store.enqueue_many_rollouts([EnqueueRolloutRequest(input=2, resources_id="rs-later")])
+    started = await store.start_rollout({"q": 3}, resources_id="rs-later")
+    assert [r.resources_id for r in (queued, *many, started)] == ["rs-later"] * 3
+    await store.update_resources("rs-later", llm("now"))
+    claimed = await store.dequeue_rollout()
+    assert claimed is not None and claimed.resources_id == "rs-later"
+    resources = await store.get_resources_by_id(claimed.resources_id)
+    assert resources is not None and resources.version == 1
 
 
 async def test_enqueue_with_known_resources_id_keeps_it(store: LightningStore) -> None:
@@ -244,13 +234,6 @@ async def test_enqueue_without_resources_id_gets_the_latest(store: LightningStor
         second.resources_id,
         first.resources_id,
     ]
-
-
-async def test_start_rollout_with_unknown_resources_id_raises(store: LightningStore) -> None:
-    with pytest.raises(NotFoundError) as caught:
-        await store.start_rollout({"q": 1}, resources_id="rs-missing")
-    assert caught.value.field == "resources_id"
-    assert (await store.query_rollouts()).total == 0
 
 
 # Workers -------------------------------------------------------------------------------------------------

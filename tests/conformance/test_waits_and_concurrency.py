@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from lightning_store import EnqueueRolloutRequest, NotFoundError
+from lightning_store import EnqueueRolloutRequest
 from lightning_store.contract import LightningStore
 from tests.conftest import StoreFactory
 
@@ -65,10 +65,13 @@ async def test_cancel_wakes_waiters(store: LightningStore) -> None:
     assert [r.status for r in done] == ["cancelled"]
 
 
-async def test_wait_for_unknown_rollout_raises(store: LightningStore) -> None:
-    with pytest.raises(NotFoundError) as error:
-        await store.wait_for_rollouts(rollout_ids=["ro-missing"], timeout=0.1)
-    assert error.value.field == "rollout_ids"
+async def test_an_unknown_rollout_never_finishes(store: LightningStore) -> None:
+    finished = await store.start_rollout(1)
+    await store.update_attempt(finished.rollout_id, "latest", status="succeeded")
+    begin = time.monotonic()
+    done = await store.wait_for_rollouts(rollout_ids=["ro-missing", finished.rollout_id], timeout=0.3)
+    assert [r.rollout_id for r in done] == [finished.rollout_id]
+    assert time.monotonic() - begin >= 0.25
 
 
 async def test_blocking_dequeue_times_out_empty(store: LightningStore) -> None:
