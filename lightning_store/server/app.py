@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,14 +18,13 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from sqlalchemy.exc import DBAPIError, OperationalError
-from starlette.responses import Response
 
 from lightning_store.contract import LightningStore
 from lightning_store.errors import InvalidRequestError, NotFoundError, StoreError
 from lightning_store.server import otlp, proxy, routes_rollouts, routes_store
 from lightning_store.server.guards import Guards
+from lightning_store.server.metrics import Metrics
 from lightning_store.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -60,8 +58,8 @@ def create_app(settings: ServerSettings, store: LightningStore | None = None) ->
     for router in (routes_store.router, routes_rollouts.router, otlp.router, proxy.router):
         app.include_router(router)
     _add_error_handlers(app)
-    _add_metrics(app)
-    return Guards(app, token=settings.token, max_body_bytes=settings.max_body_bytes)
+    # The guards come first: /metrics needs the token too, and refused requests never reach the app.
+    return Guards(Metrics(app), token=settings.token, max_body_bytes=settings.max_body_bytes)
 
 
 async def _drain(tasks: set[asyncio.Task[None]]) -> None:
@@ -116,27 +114,3 @@ def _jsonable(errors: Any) -> Any:
     import json
 
     return json.loads(json.dumps(errors, default=str))
-
-
-def _add_metrics(app: FastAPI) -> None:
-    """Prometheus metrics at ``/metrics``: request counts and latencies per route template and status."""
-    registry = CollectorRegistry()
-    requests = Counter(
-        "lightning_store_http_requests", "HTTP requests", ["method", "route", "status"], registry=registry
-    )
-    latency = Histogram(
-        "lightning_store_http_request_seconds", "HTTP request latency", ["method", "route"], registry=registry
-    )
-
-    @app.middleware("http")
-    async def measure(request: Request, call_next: Any) -> Response:
-        started = time.perf_counter()
-        response: Response = await call_next(request)
-        route = getattr(request.scope.get("route"), "path", "unmatched")
-        requests.labels(request.method, route, str(response.status_code)).inc()
-        latency.labels(request.method, route).observe(time.perf_counter() - started)
-        return response
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

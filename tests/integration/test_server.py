@@ -174,6 +174,7 @@ async def test_token_guards_every_route_but_health(sql_store: SqlStore) -> None:
         async with httpx.AsyncClient(base_url=url) as http:
             assert (await http.get("/v1/agl/health")).status_code == 200
             assert (await http.get("/v1/agl/statistics")).status_code == 401
+            assert (await http.get("/metrics")).status_code == 401
             wrong = await http.get("/v1/agl/statistics", headers={"authorization": "Bearer nope"})
             assert wrong.status_code == 401
             refused = await http.post("/v1/agl/queues/rollouts/enqueue", json={"rollouts": [{"input": 1}]})
