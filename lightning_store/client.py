@@ -271,9 +271,7 @@ class HttpStore:
             config = config.model_dump(mode="json")  # type: ignore[assignment]
         body = _set(input=input, mode=mode, resources_id=resources_id, status=status, config=config, metadata=metadata)
         data = await self._call("POST", f"/v1/agl/rollouts/{_id(rollout_id, 'rollout_id')}", json=body, idempotent=True)
-        # The route answers a plain rollout (as Agent Lightning's does); ours includes the latest attempt.
-        stored = await self.get_rollout_by_id(rollout_id)
-        return stored if stored is not None else Rollout.model_validate(data)
+        return _rollout(data)
 
     async def wait_for_rollouts(self, *, rollout_ids: list[str], timeout: float | None = None) -> list[Rollout]:
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)

@@ -31,9 +31,15 @@ def rollout_status_from_attempt(status: AttemptStatus, sequence_id: int, config:
     return "failed"
 
 
+REVIVED_ATTEMPT_STATUSES: tuple[AttemptStatus, ...] = ("preparing", "unresponsive")
+"""Attempt statuses that a span or heartbeat turns into ``running``."""
+REVIVED_ROLLOUT_STATUSES: tuple[RolloutStatus, ...] = ("queuing", "preparing", "requeuing")
+"""Rollout statuses that a heartbeat on the latest attempt turns into ``running``."""
+
+
 def heartbeat_attempt_status(status: AttemptStatus) -> AttemptStatus:
     """A span or heartbeat revives an attempt that was preparing or unresponsive; other statuses stay."""
-    return "running" if status in ("preparing", "unresponsive") else status
+    return "running" if status in REVIVED_ATTEMPT_STATUSES else status
 
 
 def heartbeat_rollout_status(status: RolloutStatus) -> RolloutStatus:
@@ -41,7 +47,7 @@ def heartbeat_rollout_status(status: RolloutStatus) -> RolloutStatus:
 
     A ``requeuing`` rollout whose unresponsive attempt comes back is taken out of the queue this way.
     """
-    return "running" if status in ("queuing", "preparing", "requeuing") else status
+    return "running" if status in REVIVED_ROLLOUT_STATUSES else status
 
 
 def unhealthy_status(attempt: Attempt, config: RolloutConfig, now: float) -> AttemptStatus | None:

@@ -56,8 +56,8 @@ async def get_rollout(rollout_id: str, store: Store) -> dict[str, Any] | None:
 
 @router.post("/rollouts/{rollout_id}")
 async def update_rollout(rollout_id: str, body: wire.UpdateRolloutBody, store: Store) -> dict[str, Any]:
-    updated = await store.update_rollout(rollout_id, **body.changes())
-    return wire.rollout_json(updated, with_attempt=False)
+    # With its latest attempt: Agent Lightning's client reads a plain Rollout and ignores the extra key.
+    return wire.rollout_json(await store.update_rollout(rollout_id, **body.changes()))
 
 
 @router.post("/rollouts/{rollout_id}/attempts", status_code=201)

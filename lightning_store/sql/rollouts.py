@@ -30,7 +30,7 @@ from lightning_store.sql import transitions, validate
 from lightning_store.sql.attempts import AttemptOps
 from lightning_store.sql.dialect import contains_text, insert_ignoring_conflicts, json_matches
 from lightning_store.sql.paging import combine, fetch_page
-from lightning_store.sql.rows import new_id, rollout_from_row
+from lightning_store.sql.rows import attempted_from_row, new_id, rollout_from_row
 from lightning_store.sql.schema import QUEUED, resources, rollouts
 from lightning_store.sql.workers import WorkerOps
 
@@ -151,11 +151,9 @@ class RolloutOps(AttemptOps, WorkerOps):
             default_resources = await self._resolve_resources(conn, [request])
             new = _new_row(request, default_resources, now, "preparing")
             stored = (await conn.execute(sa.insert(rollouts).values(new).returning(*rollouts.c))).mappings().one()
-            attempt = await transitions.create_attempt(conn, new["rollout_id"], worker_id, now, sequence_id=1)
+            attempt = await transitions.create_attempt(conn, new["rollout_id"], worker_id, now)
             await transitions.sync_worker(conn, self.dialect, attempt, now)
-        result = rollout_from_row(stored, attempt)
-        assert isinstance(result, AttemptedRollout)
-        return result
+        return attempted_from_row(stored, attempt)
 
     async def dequeue_rollout(
         self, worker_id: str | None = None, *, timeout: float | None = None
@@ -193,10 +191,7 @@ class RolloutOps(AttemptOps, WorkerOps):
                     await self._mark_worker_idle(conn, worker_id, now)
                 return []
             attempts_ = await transitions.create_attempts(conn, [row["rollout_id"] for row in rows], worker_id, now)
-            claimed = [
-                AttemptedRollout.model_validate({**rollout_from_row(row).model_dump(), "attempt": attempt})
-                for row, attempt in zip(rows, attempts_, strict=True)
-            ]
+            claimed = [attempted_from_row(row, attempt) for row, attempt in zip(rows, attempts_, strict=True)]
             await transitions.sync_worker(conn, self.dialect, claimed[-1].attempt, now, dequeued=True)
         return claimed
 
@@ -209,9 +204,7 @@ class RolloutOps(AttemptOps, WorkerOps):
                 sa.update(rollouts).where(rollouts.c.rollout_id == rollout_id).values(status="preparing", end_time=None)
             )
             await transitions.sync_worker(conn, self.dialect, attempt, now)
-        result = rollout_from_row({**row, "status": "preparing", "end_time": None}, attempt)
-        assert isinstance(result, AttemptedRollout)
-        return result
+        return attempted_from_row({**row, "status": "preparing", "end_time": None}, attempt)
 
     async def get_rollout_by_id(self, rollout_id: str) -> Rollout | None:
         async with self._read() as conn:

@@ -23,12 +23,22 @@ def new_id(prefix: str, nbytes: int = 6) -> str:
     return f"{prefix}-{secrets.token_hex(nbytes)}"
 
 
-def rollout_from_row(row: sa.RowMapping | Mapping[str, Any], attempt: Attempt | None = None) -> Rollout:
+Row = sa.RowMapping | Mapping[str, Any]
+
+
+def _rollout_fields(row: Row) -> dict[str, Any]:
     fields: dict[str, Any] = {name: row[name] for name in ROLLOUT_COLUMNS}
     fields["config"] = RolloutConfig.model_validate(row["config"])
-    if attempt is None:
-        return Rollout.model_validate(fields)
-    return AttemptedRollout.model_validate({**fields, "attempt": attempt})
+    return fields
+
+
+def rollout_from_row(row: Row, attempt: Attempt | None = None) -> Rollout:
+    """The rollout, as an ``AttemptedRollout`` when its latest ``attempt`` is given."""
+    return Rollout.model_validate(_rollout_fields(row)) if attempt is None else attempted_from_row(row, attempt)
+
+
+def attempted_from_row(row: Row, attempt: Attempt) -> AttemptedRollout:
+    return AttemptedRollout.model_validate({**_rollout_fields(row), "attempt": attempt})
 
 
 def attempt_from_row(row: sa.RowMapping, prefix: str = "") -> Attempt:
@@ -43,13 +53,6 @@ def resources_from_row(row: sa.RowMapping) -> ResourcesUpdate:
     return ResourcesUpdate.model_validate(
         {name: row[name] for name in ("resources_id", "create_time", "update_time", "version", "resources")}
     )
-
-
-def span_to_row(span: Span) -> dict[str, Any]:
-    data = span.model_dump(mode="json")
-    row = {name: data.pop(name) for name in SPAN_COLUMNS}
-    row["extra"] = data or None
-    return row
 
 
 def span_from_row(row: sa.RowMapping) -> Span:

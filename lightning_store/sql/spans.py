@@ -27,7 +27,6 @@ from lightning_store.sql.schema import attempts, rollouts, spans
 SPAN_SORTABLE = ("sequence_id", "start_time", "end_time", "name", "trace_id", "span_id", "parent_id")
 SPAN_KEY = ("rollout_id", "attempt_id", "span_id")
 SPAN_FIELDS = tuple(Span.model_fields)
-HEARTBEAT_REVIVES = ("queuing", "preparing", "requeuing")
 _span_list: TypeAdapter[list[Span]] = TypeAdapter(list[Span])
 
 # The statements of the ingest path are built once (building one costs more than running it).
@@ -49,7 +48,8 @@ _HEARTBEAT_ATTEMPTS = (
     .values(
         last_heartbeat_time=sa.bindparam("now", type_=sa.Double()),
         status=sa.case(
-            (attempts.c.status.in_(("preparing", "unresponsive")), sa.literal("running")), else_=attempts.c.status
+            (attempts.c.status.in_(lifecycle.REVIVED_ATTEMPT_STATUSES), sa.literal("running")),
+            else_=attempts.c.status,
         ),
     )
 )
@@ -61,8 +61,10 @@ _HEARTBEAT_ROLLOUTS = (
         last_span_seq=sa.case((rollouts.c.last_span_seq < _highest_seq, _highest_seq), else_=rollouts.c.last_span_seq),
         status=sa.case(
             (
-                sa.and_(sa.bindparam("beat", type_=sa.Boolean()), rollouts.c.status.in_(HEARTBEAT_REVIVES)),
-                sa.literal(lifecycle.heartbeat_rollout_status("preparing")),
+                sa.and_(
+                    sa.bindparam("beat", type_=sa.Boolean()), rollouts.c.status.in_(lifecycle.REVIVED_ROLLOUT_STATUSES)
+                ),
+                sa.literal("running"),
             ),
             else_=rollouts.c.status,
         ),

@@ -93,14 +93,8 @@ async def set_rollout_status(
     wake_for_status(wakeups, status)
 
 
-async def create_attempt(
-    conn: AsyncConnection, rollout_id: str, worker_id: str | None, now: float, sequence_id: int | None = None
-) -> Attempt:
+async def create_attempt(conn: AsyncConnection, rollout_id: str, worker_id: str | None, now: float) -> Attempt:
     """Insert the next attempt of a (locked) rollout."""
-    if sequence_id is not None:
-        attempt = _new_attempt(rollout_id, worker_id, now, sequence_id)
-        await conn.execute(sa.insert(attempts).values(attempt.model_dump()))
-        return attempt
     return (await create_attempts(conn, [rollout_id], worker_id, now))[0]
 
 
