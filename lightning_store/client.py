@@ -400,6 +400,41 @@ class HttpStore:
         data = await self._call("POST", "/v1/agl/spans/search", json=body, idempotent=True)
         return self._page(data, Span.model_validate)
 
+    async def search_spans(
+        self,
+        *,
+        rollout_ids: Sequence[str] | None = None,
+        attempt_ids: Sequence[str] | None = None,
+        names: Sequence[str] | None = None,
+        name_prefix: str | None = None,
+        mode_in: Sequence[RolloutMode] | None = None,
+        status_code: str | None = None,
+        attributes_match: dict[str, Any] | None = None,
+        start_time_from: float | None = None,
+        start_time_to: float | None = None,
+        sort_by: str | None = None,
+        sort_order: SortOrder = "asc",
+        limit: int = 1000,
+        offset: int = 0,
+    ) -> PaginatedResult[Span]:
+        body = {
+            "rollout_ids": rollout_ids,
+            "attempt_ids": attempt_ids,
+            "names": names,
+            "name_prefix": name_prefix,
+            "mode_in": mode_in,
+            "status_code": status_code,
+            "attributes_match": attributes_match,
+            "start_time_from": start_time_from,
+            "start_time_to": start_time_to,
+            "sort_by": sort_by,
+            "sort_order": sort_order,
+            "limit": limit,
+            "offset": offset,
+        }
+        data = await self._call("POST", "/v1/agl/spans/query", json=body, idempotent=True)
+        return self._page(data, Span.model_validate)
+
     async def add_llm_calls(self, calls: Sequence[LlmCall]) -> None:
         if not calls:
             return

@@ -231,6 +231,31 @@ class LightningStore(Protocol):
         """Spans of a rollout, of one attempt, of its ``"latest"`` attempt, or of all (``None``)."""
         ...
 
+    async def search_spans(
+        self,
+        *,
+        rollout_ids: Sequence[str] | None = None,
+        attempt_ids: Sequence[str] | None = None,
+        names: Sequence[str] | None = None,
+        name_prefix: str | None = None,
+        mode_in: Sequence[RolloutMode] | None = None,
+        status_code: str | None = None,
+        attributes_match: dict[str, Any] | None = None,
+        start_time_from: float | None = None,
+        start_time_to: float | None = None,
+        sort_by: str | None = None,
+        sort_order: SortOrder = "asc",
+        limit: int = 1000,
+        offset: int = 0,
+    ) -> PaginatedResult[Span]:
+        """Spans across rollouts (a read-only addition). Every given filter applies (AND): ids and names from
+        the lists, ``name_prefix``, the rollout's ``mode_in``, ``status_code`` (``UNSET``, ``OK``, ``ERROR``),
+        ``attributes_match`` (each attribute key equal to its value), ``start_time`` within
+        ``[start_time_from, start_time_to]``. Sorted by ``start_time``, ``end_time``, ``name`` or ``rollout_id``,
+        by insertion order when ``sort_by`` is None; ties go in insertion order. ``limit`` defaults to 1000
+        (``-1``: no limit) because the whole store can be large."""
+        ...
+
     async def add_llm_calls(self, calls: Sequence[LlmCall]) -> None:
         """Record typed LLM calls (an addition) in one transaction; a call already recorded (same rollout,
         attempt and span id) is ignored. Each must name an existing attempt of its rollout."""

@@ -46,6 +46,12 @@ async def search_spans(body: wire.QuerySpansBody, store: Store) -> dict[str, Any
     return wire.page_json(await store.query_spans(fields.pop("rollout_id"), fields.pop("attempt_id"), **fields))
 
 
+@router.post("/spans/query")
+async def search_spans_across_rollouts(body: wire.SearchSpansBody, store: Store) -> dict[str, Any]:
+    """Read-only span search across rollouts (an addition): every given filter applies."""
+    return wire.page_json(await store.search_spans(**body.model_dump()))
+
+
 @router.post("/spans/next")
 async def next_sequence_id(body: wire.NextSequenceBody, store: Store) -> dict[str, int]:
     return {"sequence_id": await store.get_next_span_sequence_id(body.rollout_id, body.attempt_id)}

@@ -8,7 +8,7 @@ Lightning client decides between ``Rollout`` and ``AttemptedRollout`` by the key
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -115,6 +115,21 @@ class QuerySpansBody(PageBody):
     name_contains: str | None = None
     filter_logic: FilterLogic = "and"
     sort_by: str | None = "sequence_id"
+
+
+class SearchSpansBody(PageBody):
+    """Span search across rollouts (an addition); see ``LightningStore.search_spans``."""
+
+    rollout_ids: list[str] | None = None
+    attempt_ids: list[str] | None = None
+    names: list[str] | None = None
+    name_prefix: str | None = None
+    mode_in: list[RolloutMode] | None = None
+    status_code: Literal["UNSET", "OK", "ERROR"] | None = None
+    attributes_match: dict[str, Any] | None = None
+    start_time_from: float | None = None
+    start_time_to: float | None = None
+    limit: int = 1000
 
 
 class SpansBody(Body):

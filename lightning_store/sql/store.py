@@ -17,11 +17,12 @@ from lightning_store.sql.notify import PostgresListener
 from lightning_store.sql.resources import ResourceOps
 from lightning_store.sql.rollouts import RolloutOps
 from lightning_store.sql.schema import attempts, resources, rollouts, spans, workers
+from lightning_store.sql.span_search import SpanSearchOps
 from lightning_store.sql.spans import SpanOps
 from lightning_store.sql.watchdog import WatchdogOps
 
 
-class SqlStore(RolloutOps, SpanOps, ResourceOps, WatchdogOps, LlmCallOps):
+class SqlStore(RolloutOps, SpanOps, SpanSearchOps, ResourceOps, WatchdogOps, LlmCallOps):
     """The store contract on Postgres or SQLite. Create it with :func:`open_store`; ``close`` it when done.
 
     Safe for concurrent use by many tasks of one event loop, and by many processes over the same database.
