@@ -29,6 +29,12 @@ SPAN_KEY = ("rollout_id", "attempt_id", "span_id")
 SPAN_FIELDS = tuple(Span.model_fields)
 _span_list: TypeAdapter[list[Span]] = TypeAdapter(list[Span])
 
+
+def _literals(values: Sequence[str]) -> list[sa.ColumnElement[str]]:
+    """Values inlined into the SQL: an ``IN`` over them stays usable in executemany (no expanding parameter)."""
+    return [sa.literal_column(f"'{value}'") for value in values]
+
+
 # The statements of the ingest path are built once (building one costs more than running it).
 _later = attempts.alias("later")
 _LOCK_ATTEMPTS = (
@@ -48,7 +54,7 @@ _HEARTBEAT_ATTEMPTS = (
     .values(
         last_heartbeat_time=sa.bindparam("now", type_=sa.Double()),
         status=sa.case(
-            (attempts.c.status.in_(lifecycle.REVIVED_ATTEMPT_STATUSES), sa.literal("running")),
+            (attempts.c.status.in_(_literals(lifecycle.REVIVED_ATTEMPT_STATUSES)), sa.literal("running")),
             else_=attempts.c.status,
         ),
     )
@@ -62,7 +68,8 @@ _HEARTBEAT_ROLLOUTS = (
         status=sa.case(
             (
                 sa.and_(
-                    sa.bindparam("beat", type_=sa.Boolean()), rollouts.c.status.in_(lifecycle.REVIVED_ROLLOUT_STATUSES)
+                    sa.bindparam("beat", type_=sa.Boolean()),
+                    rollouts.c.status.in_(_literals(lifecycle.REVIVED_ROLLOUT_STATUSES)),
                 ),
                 sa.literal("running"),
             ),

@@ -654,3 +654,18 @@ async def test_concurrent_duplicate_spans_are_stored_once(store: LightningStore,
 
     assert sum(r is not None for r in results) == 1
     assert (await store.query_spans(rollout.rollout_id)).total == 1
+
+
+async def test_add_many_spans_of_several_rollouts_in_one_batch(store: LightningStore) -> None:
+    first, second = await store.start_rollout({"q": 1}), await store.start_rollout({"q": 2})
+
+    added = await store.add_many_spans(
+        [make_span(first, "a1"), make_span(second, "b1"), make_span(first, "a2", sequence_id=2)]
+    )
+
+    assert [s.span_id for s in added] == ["a1", "b1", "a2"]
+    assert [s.span_id for s in await spans_of(store, first.rollout_id)] == ["a1", "a2"]
+    assert [s.span_id for s in await spans_of(store, second.rollout_id)] == ["b1"]
+    for rollout in (first, second):  # each span was a heartbeat of its own attempt
+        attempt = await store.get_latest_attempt(rollout.rollout_id)
+        assert attempt is not None and attempt.status == "running"

@@ -1,0 +1,110 @@
+"""An OpenTelemetry ``SpanExporter`` that writes spans into a store through the store contract.
+
+The batching processor calls ``export`` from its own thread, while the store is async and bound to the event
+loop it was opened in; each batch is therefore run on that loop and waited for. Works with any store: the SQL
+store in process, or ``HttpStore`` (one ``/spans/next/batch`` and one ``/spans/batch`` request per batch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from lightning_store.contract import LightningStore
+from lightning_store.errors import NotFoundError
+from lightning_store.spans import Span
+from tracers import semconv
+
+logger = logging.getLogger(__name__)
+
+
+class StoreSpanExporter(SpanExporter):
+    """Writes spans stamped with rollout and attempt ids; spans without them are skipped.
+
+    Sequence ids come from the span's ``agentlightning.span_sequence_id`` attribute when set, else from the
+    rollout's counter in the store, in the order the spans ended. A batch naming an attempt the store does not
+    know is written attempt by attempt so that the others still land; spans that could not be written are
+    counted per attempt (:meth:`take_failures`).
+    """
+
+    def __init__(self, store: LightningStore, loop: asyncio.AbstractEventLoop, *, timeout: float = 60.0) -> None:
+        self._store = store
+        self._loop = loop
+        self._timeout = timeout
+        self._failures: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        bound = [s for s in spans if s.attributes and semconv.ATTEMPT_ID in s.attributes]
+        if not bound:
+            return SpanExportResult.SUCCESS
+        if self._loop.is_closed():
+            self._count_failed(bound)
+            return SpanExportResult.FAILURE
+        future = asyncio.run_coroutine_threadsafe(self._write(bound), self._loop)
+        try:
+            future.result(self._timeout)
+        except Exception:
+            future.cancel()
+            logger.exception("could not write %d spans to the store", len(bound))
+            self._count_failed(bound)
+            return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+    def take_failures(self, attempt_id: str) -> int:
+        """How many spans of this attempt could not be written since the last call (and reset the count)."""
+        with self._lock:
+            return self._failures.pop(attempt_id, 0)
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+    async def _write(self, batch: list[ReadableSpan]) -> None:
+        try:
+            await self._store.add_many_spans(await self._convert(batch))
+        except NotFoundError:
+            groups: defaultdict[str, list[ReadableSpan]] = defaultdict(list)
+            for span in batch:
+                groups[_ids(span)[1]].append(span)
+            for group in groups.values():
+                try:
+                    await self._store.add_many_spans(await self._convert(group))
+                except NotFoundError:
+                    logger.warning("dropped %d spans of unknown attempt %s", len(group), _ids(group[0])[1])
+                    self._count_failed(group)
+
+    async def _convert(self, batch: list[ReadableSpan]) -> list[Span]:
+        missing = [i for i, span in enumerate(batch) if _sequence_id(span) is None]
+        allocated = dict(
+            zip(missing, await self._store.get_many_span_sequence_ids([_ids(batch[i]) for i in missing]), strict=True)
+        )
+        converted = []
+        for i, span in enumerate(batch):
+            rollout_id, attempt_id = _ids(span)
+            sequence_id = allocated[i] if i in allocated else _sequence_id(span)
+            assert sequence_id is not None
+            converted.append(Span.from_opentelemetry(span, rollout_id, attempt_id, sequence_id))
+        return converted
+
+    def _count_failed(self, spans: Sequence[ReadableSpan]) -> None:
+        with self._lock:
+            self._failures.update(_ids(span)[1] for span in spans)
+
+
+def _ids(span: ReadableSpan) -> tuple[str, str]:
+    attributes = span.attributes or {}
+    return str(attributes[semconv.ROLLOUT_ID]), str(attributes[semconv.ATTEMPT_ID])
+
+
+def _sequence_id(span: ReadableSpan) -> int | None:
+    value = (span.attributes or {}).get(semconv.SPAN_SEQUENCE_ID)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
