@@ -1,0 +1,85 @@
+"""Agents as plain functions: ``@rollout def agent(task, llm, resources) -> float | None``.
+
+The first parameter receives the rollout's input (the task). Other parameters are filled by name:
+
+* ``llm`` - the :class:`~lightning_store.resources.LLM` to call, its endpoint bound to this attempt (through the
+  store's proxy when there is one), or None when the resources hold no LLM;
+* ``resources`` - every named resource (LLMs bound the same way);
+* ``rollout`` - the :class:`~lightning_store.models.Rollout` being run;
+* any other name - the resource of that name (``prompt_template``, say), or the parameter's default.
+
+Returning a number emits it as the final reward; returning None emits nothing (the agent may have called
+``emit_reward`` itself); raising marks the attempt failed and records the exception as a span.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_store.models import Rollout
+
+_SPECIAL = ("llm", "resources", "rollout")
+
+
+class AgentSignatureError(TypeError):
+    """The agent's parameters cannot be filled for a rollout."""
+
+
+@dataclass(frozen=True)
+class RolloutAgent:
+    """A function that runs one rollout, with what the runner needs to know to call it."""
+
+    fn: Callable[..., Any]
+    name: str
+    is_async: bool
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def arguments(
+        self, task: Any, *, llm: Any, resources: Mapping[str, Any], rollout: Rollout
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Positional and keyword arguments for one call."""
+        parameters = list(inspect.signature(self.fn).parameters.values())
+        if not parameters or parameters[0].kind not in (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        ):
+            raise AgentSignatureError(f"agent {self.name} must take the task as its first parameter")
+        available = {"llm": llm, "resources": dict(resources), "rollout": rollout}
+        kwargs: dict[str, Any] = {}
+        for parameter in parameters[1:]:
+            if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+                continue
+            if parameter.name in available:
+                kwargs[parameter.name] = available[parameter.name]
+            elif parameter.name in resources:
+                kwargs[parameter.name] = resources[parameter.name]
+            elif parameter.default is inspect.Parameter.empty:
+                known = ", ".join([*_SPECIAL, *resources])
+                raise AgentSignatureError(f"agent {self.name}: nothing to pass as {parameter.name!r} (known: {known})")
+        return (task,), kwargs
+
+
+def rollout(fn: Callable[..., Any]) -> RolloutAgent:
+    """Mark a function (sync or async) as an agent the runner can run."""
+    if isinstance(fn, RolloutAgent):
+        return fn
+    return RolloutAgent(fn=fn, name=getattr(fn, "__qualname__", repr(fn)), is_async=inspect.iscoroutinefunction(fn))
+
+
+def load_agent(spec: str) -> RolloutAgent:
+    """The agent at ``package.module:name`` (a ``@rollout`` function or any plain function)."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"an agent is given as module:name, not {spec!r}")
+    target: Any = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        target = getattr(target, part)
+    if not callable(target):
+        raise TypeError(f"{spec} is not callable")
+    return rollout(target)

@@ -1,0 +1,57 @@
+"""``store run``: a runner process with N workers (registered through the ``lightning_store.commands`` entry
+point group, so the core CLI does not import the runners)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Annotated
+
+import typer
+
+from runners.progress import configure_logging
+from runners.supervisor import Runner
+
+
+def run(
+    agent: Annotated[str, typer.Argument(help="The agent, as module:function (importable from here).")],
+    store: Annotated[
+        str,
+        typer.Option(
+            "--store",
+            envvar="LIGHTNING_STORE_URL",
+            help="A store serve URL (http://host:port; the agent's LLM goes through its proxy) or a database URL.",
+        ),
+    ] = "http://127.0.0.1:4747",
+    workers: Annotated[int, typer.Option(min=1, help="Worker processes.")] = 1,
+    token: Annotated[str | None, typer.Option(envvar="LIGHTNING_STORE_TOKEN", help="Bearer token.")] = None,
+    timeout: Annotated[
+        float | None, typer.Option(help="Seconds an attempt may run when its rollout config sets no timeout.")
+    ] = None,
+    kill_after: Annotated[float, typer.Option(help="Seconds past the timeout before a worker is killed.")] = 10.0,
+    grace: Annotated[float, typer.Option(help="Seconds in-flight attempts get to finish on SIGINT/SIGTERM.")] = 30.0,
+    idle_exit: Annotated[
+        float | None, typer.Option(help="Exit after the queue stayed empty this many seconds.")
+    ] = None,
+    heartbeat: Annotated[float, typer.Option(help="Seconds between heartbeats.")] = 5.0,
+    progress: Annotated[
+        bool | None, typer.Option("--progress/--no-progress", help="Live display (default: on a terminal).")
+    ] = None,
+) -> None:
+    """Run rollouts of AGENT from the store's queue in WORKERS processes until stopped."""
+    configure_logging(logging.INFO)
+    runner = Runner(
+        agent,
+        store,
+        workers=workers,
+        token=token,
+        default_timeout=timeout,
+        kill_after=kill_after,
+        grace=grace,
+        idle_exit=idle_exit,
+        heartbeat_interval=heartbeat,
+        progress=progress,
+    )
+    summary = asyncio.run(runner.run())
+    typer.echo(json.dumps({"summary": summary.statuses, "worker_restarts": summary.worker_restarts}))

@@ -1,0 +1,134 @@
+"""The worker process: one :class:`~runners.worker.Worker` in its own interpreter, supervised by the runner.
+
+A process per worker is what makes a hung agent recoverable: the supervisor can kill it. The process stops
+dequeuing on SIGTERM or SIGINT, gives the attempt in flight ``grace`` seconds to finish, then releases it (the
+attempt is marked failed and the rollout requeued, whatever its retry policy: the agent was not at fault). If
+the runner process dies, the worker finishes its attempt (bounded by its timeout) and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from lightning_store.connect import connect, is_server_url
+from lightning_store.contract import LightningStore
+from runners.agent import load_agent
+from runners.resilience import UNREACHABLE
+from runners.worker import EXIT_HUNG, AgentHung, Worker
+
+logger = logging.getLogger(__name__)
+
+ACTIVE_ATTEMPT_STATUSES = ("preparing", "running", "unresponsive")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker process needs (it crosses the process boundary by pickling)."""
+
+    agent: str
+    store_url: str
+    worker_id: str
+    token: str | None = None
+    default_timeout: float | None = None
+    heartbeat_interval: float = 5.0
+    poll_timeout: float = 5.0
+    grace: float = 30.0
+    idle_exit: float | None = None
+    parent_pid: int = 0
+    log_level: int = logging.INFO
+    cwd_on_path: str | None = None
+
+
+def worker_main(config: WorkerConfig, conn: Connection) -> None:
+    """Entry point of a worker process."""
+    logging.basicConfig(level=config.log_level, format=f"%(asctime)s {config.worker_id} %(levelname)s %(message)s")
+    if config.cwd_on_path and config.cwd_on_path not in sys.path:
+        sys.path.insert(0, config.cwd_on_path)  # agents given as module:name from the runner's directory
+    try:
+        asyncio.run(_serve(config, conn))
+    except AgentHung as hung:
+        logger.error("%s; exiting so that the runner starts a fresh worker", hung)
+        conn.close()
+        os._exit(EXIT_HUNG)  # the hung thread cannot be joined; leave without waiting for it
+
+
+async def _serve(config: WorkerConfig, conn: Connection) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    _watch_parent(config.parent_pid, lambda: loop.call_soon_threadsafe(stop.set))
+    agent = load_agent(config.agent)
+    store = await connect(config.store_url, token=config.token)
+    worker = Worker(
+        store,
+        agent,
+        worker_id=config.worker_id,
+        server_url=config.store_url if is_server_url(config.store_url) else None,
+        token=config.token,
+        default_timeout=config.default_timeout,
+        heartbeat_interval=config.heartbeat_interval,
+        poll_timeout=config.poll_timeout,
+        report=lambda event: _send(conn, event),
+    )
+    try:
+        running = asyncio.ensure_future(worker.run(stop, idle_exit=config.idle_exit))
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({running, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not running.done():
+            # Stopping: no new claims; the attempt in flight may finish within the grace period.
+            done, _ = await asyncio.wait({running}, timeout=config.grace)
+            if not done:
+                in_flight = worker.current
+                running.cancel()
+                await asyncio.gather(running, return_exceptions=True)
+                if in_flight is not None:
+                    await release(store, in_flight.rollout_id, in_flight.attempt.attempt_id, "worker stopped")
+        running.result()
+    finally:
+        await store.close()
+
+
+async def release(store: LightningStore, rollout_id: str, attempt_id: str, reason: str) -> bool:
+    """Give an attempt that was not allowed to finish back to the queue: the attempt is marked failed with the
+    reason in its metadata and the rollout is requeued. Does nothing (False) when the attempt is no longer the
+    rollout's active one."""
+    try:
+        latest = await store.get_latest_attempt(rollout_id)
+        if latest is None or latest.attempt_id != attempt_id or latest.status not in ACTIVE_ATTEMPT_STATUSES:
+            return False
+        await store.update_attempt(rollout_id, attempt_id, status="failed", metadata={"released": reason})
+        await store.update_rollout(rollout_id, status="requeuing")
+    except UNREACHABLE as error:
+        logger.warning("could not release %s (%s); the watchdog will recover it", attempt_id, type(error).__name__)
+        return False
+    return True
+
+
+def _send(conn: Connection, event: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):  # the runner is gone; the store still gets every report
+        conn.send(event)
+
+
+def _watch_parent(parent_pid: int, on_orphaned: Any) -> None:
+    """Call ``on_orphaned`` once the runner process has died (checked every half second)."""
+    if not parent_pid:
+        return
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        on_orphaned()
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()

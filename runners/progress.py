@@ -1,0 +1,81 @@
+"""What the runner shows: a live rich display on a terminal, one structured log line per attempt otherwise."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from types import TracebackType
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+logger = logging.getLogger("runners.progress")
+
+
+class ProgressView:
+    """Counts attempts by outcome. ``enabled=None`` shows the live display only when stderr is a terminal."""
+
+    def __init__(self, *, enabled: bool | None = None) -> None:
+        self.console = Console(stderr=True)
+        self.enabled = self.console.is_terminal if enabled is None else enabled
+        self.counts: dict[str, int] = {"running": 0, "succeeded": 0, "failed": 0, "timeout": 0}
+        self.started = time.monotonic()
+        self._live: Live | None = None
+
+    def __enter__(self) -> ProgressView:
+        self.started = time.monotonic()
+        if self.enabled:
+            self._live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        if self._live is not None:
+            self._live.update(self._render())
+            self._live.__exit__(kind, error, tb)
+            self._live = None
+
+    def claimed(self) -> None:
+        self.counts["running"] += 1
+        self._refresh()
+
+    def finished(self, status: str, *, rollout_id: str, worker_id: str) -> None:
+        self.counts["running"] = max(0, self.counts["running"] - 1)
+        self.counts[status] = self.counts.get(status, 0) + 1
+        if not self.enabled:
+            record: dict[str, object] = {"event": "attempt_finished", "status": status, "rollout_id": rollout_id}
+            record |= {"worker": worker_id, "done": self.done, "rate_per_s": round(self.rate, 3)}
+            logger.info(json.dumps(record))
+        self._refresh()
+
+    @property
+    def done(self) -> int:
+        return sum(n for status, n in self.counts.items() if status != "running")
+
+    @property
+    def rate(self) -> float:
+        return self.done / max(time.monotonic() - self.started, 1e-9)
+
+    def _refresh(self) -> None:
+        if self._live is not None:
+            self._live.update(self._render())
+
+    def _render(self) -> Table:
+        table = Table(title="store run", title_justify="left", show_edge=False)
+        for column in ("running", "succeeded", "failed", "timeout", "rollouts/s"):
+            table.add_column(column, justify="right")
+        table.add_row(
+            str(self.counts["running"]),
+            f"[green]{self.counts['succeeded']}",
+            f"[red]{self.counts['failed']}",
+            f"[yellow]{self.counts['timeout']}",
+            f"{self.rate:.2f}",
+        )
+        return table
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -1,0 +1,244 @@
+"""The runner: N worker processes, supervised.
+
+The supervisor learns from each worker which attempt it holds. A worker that dies (an exception that escaped,
+SIGKILL, an out-of-memory kill) has its attempt marked ``failed``; a worker that overruns its attempt's timeout
+by ``kill_after`` seconds (a hung agent, or a blocked event loop) is killed and its attempt marked
+``timeout``; in both cases the retry policy decides whether the rollout is requeued, and a fresh worker takes
+the slot. SIGINT/SIGTERM stop the workers gracefully (see :mod:`runners.process`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from lightning_store.connect import connect
+from lightning_store.contract import LightningStore
+from lightning_store.models import AttemptStatus
+from runners.process import ACTIVE_ATTEMPT_STATUSES, WorkerConfig, release, worker_main
+from runners.progress import ProgressView
+from runners.resilience import UNREACHABLE
+from runners.worker import EXIT_HUNG
+
+logger = logging.getLogger(__name__)
+
+CRASH_LOOP_SECONDS = 5.0
+"""A worker that dies this soon after starting, several times in a row, means the runner cannot work."""
+CRASH_LOOP_LIMIT = 5
+
+
+@dataclass
+class Slot:
+    """One worker position; its process is replaced when it dies."""
+
+    index: int
+    config: WorkerConfig
+    process: BaseProcess | None = None
+    conn: Connection | None = None
+    started_at: float = 0.0
+    attempt: tuple[str, str] | None = None
+    deadline: float | None = None
+    quick_deaths: int = 0
+    finished: bool = False
+
+
+@dataclass
+class RunSummary:
+    succeeded: int = 0
+    failed: int = 0
+    timeout: int = 0
+    worker_restarts: int = 0
+    statuses: dict[str, int] = field(default_factory=dict)
+
+
+class Runner:
+    """Runs ``workers`` worker processes of ``agent`` against ``store_url`` until stopped (or idle)."""
+
+    def __init__(
+        self,
+        agent: str,
+        store_url: str,
+        *,
+        workers: int = 1,
+        token: str | None = None,
+        default_timeout: float | None = None,
+        kill_after: float = 10.0,
+        heartbeat_interval: float = 5.0,
+        poll_timeout: float = 5.0,
+        grace: float = 30.0,
+        idle_exit: float | None = None,
+        progress: bool | None = None,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
+        self.store_url = store_url
+        self.token = token
+        self.kill_after = kill_after
+        self.grace = grace
+        self.progress = ProgressView(enabled=progress)
+        self.summary = RunSummary()
+        self._stopping = False
+        self._context = multiprocessing.get_context("spawn")  # no inherited event loops, locks or connections
+        prefix = f"{socket.gethostname()}:{os.getpid()}"
+        base = WorkerConfig(
+            agent=agent,
+            store_url=store_url,
+            worker_id="",
+            token=token,
+            default_timeout=default_timeout,
+            heartbeat_interval=heartbeat_interval,
+            poll_timeout=poll_timeout,
+            grace=grace,
+            idle_exit=idle_exit,
+            parent_pid=os.getpid(),
+            log_level=logging.getLogger().getEffectiveLevel(),
+            cwd_on_path=os.getcwd(),
+        )
+        self.slots = [Slot(i, dataclasses.replace(base, worker_id=f"{prefix}:{i}")) for i in range(workers)]
+
+    def stop(self) -> None:
+        """Stop gracefully: workers finish (or release) their attempts and exit."""
+        if self._stopping:
+            return
+        self._stopping = True
+        for slot in self.slots:
+            if slot.process is not None and slot.process.is_alive() and slot.process.pid:
+                os.kill(slot.process.pid, signal.SIGTERM)
+
+    async def run(self) -> RunSummary:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self.stop)
+        store = await connect(self.store_url, token=self.token)
+        stop_deadline: float | None = None
+        try:
+            with self.progress:
+                for slot in self.slots:
+                    self._spawn(slot)
+                while any(not slot.finished for slot in self.slots):
+                    for slot in self.slots:
+                        await self._tend(slot, store)
+                    if self._stopping:
+                        stop_deadline = stop_deadline or time.monotonic() + self.grace + 10.0
+                        if time.monotonic() > stop_deadline:
+                            await self._kill_all(store)
+                    await asyncio.sleep(0.05)
+        finally:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
+            await store.close()
+        return self.summary
+
+    def _spawn(self, slot: Slot) -> None:
+        parent, child = self._context.Pipe(duplex=False)
+        process = self._context.Process(
+            target=worker_main, args=(slot.config, child), name=f"worker-{slot.index}", daemon=False
+        )
+        process.start()
+        child.close()
+        slot.process, slot.conn, slot.started_at = process, parent, time.monotonic()
+        slot.attempt = slot.deadline = None
+
+    async def _tend(self, slot: Slot, store: LightningStore) -> None:
+        if slot.finished or slot.process is None or slot.conn is None:
+            return
+        self._drain(slot)
+        if slot.process.is_alive():
+            if slot.deadline is not None and time.monotonic() > slot.deadline:
+                logger.warning("worker %s overran its attempt's timeout; killing it", slot.config.worker_id)
+                slot.process.kill()
+                slot.process.join()
+                self._drain(slot)
+                await self._settle(store, slot, "timeout")
+                self._restart(slot)
+            return
+        slot.process.join()
+        self._drain(slot)
+        code = slot.process.exitcode
+        if slot.attempt is not None:
+            logger.warning("worker %s died (exit %s) during an attempt", slot.config.worker_id, code)
+            if self._stopping:
+                await self._release(store, slot)
+            else:
+                await self._settle(store, slot, "timeout" if code == EXIT_HUNG else "failed")
+        if self._stopping or code == 0:
+            slot.finished = True  # stopped, or idle long enough (idle_exit)
+            return
+        self._restart(slot)
+
+    def _restart(self, slot: Slot) -> None:
+        quick = time.monotonic() - slot.started_at < CRASH_LOOP_SECONDS
+        slot.quick_deaths = slot.quick_deaths + 1 if quick else 0
+        if slot.quick_deaths >= CRASH_LOOP_LIMIT:
+            raise RuntimeError(
+                f"worker {slot.config.worker_id} died {CRASH_LOOP_LIMIT} times within {CRASH_LOOP_SECONDS} s of "
+                "starting; see its log (can the agent be imported? does the store answer?)"
+            )
+        self.summary.worker_restarts += 1
+        self._spawn(slot)
+
+    def _drain(self, slot: Slot) -> None:
+        assert slot.conn is not None
+        try:
+            while slot.conn.poll():
+                self._on_event(slot, slot.conn.recv())
+        except (EOFError, OSError):
+            pass
+
+    def _on_event(self, slot: Slot, event: dict[str, Any]) -> None:
+        if event["event"] == "claimed":
+            slot.attempt = (event["rollout_id"], event["attempt_id"])
+            timeout = event.get("timeout")
+            slot.deadline = None if timeout is None else time.monotonic() + timeout + self.kill_after
+            self.progress.claimed()
+        elif event["event"] == "finished":
+            slot.attempt = slot.deadline = None
+            self._count(event["status"], event["rollout_id"], slot)
+
+    def _count(self, status: str, rollout_id: str, slot: Slot) -> None:
+        self.summary.statuses[status] = self.summary.statuses.get(status, 0) + 1
+        if status == "succeeded":
+            self.summary.succeeded += 1
+        elif status == "timeout":
+            self.summary.timeout += 1
+        else:
+            self.summary.failed += 1
+        self.progress.finished(status, rollout_id=rollout_id, worker_id=slot.config.worker_id)
+
+    async def _settle(self, store: LightningStore, slot: Slot, status: AttemptStatus) -> None:
+        """Mark the dead worker's attempt with ``status`` unless the store already moved on."""
+        if slot.attempt is None:
+            return
+        rollout_id, attempt_id = slot.attempt
+        slot.attempt = slot.deadline = None
+        try:
+            latest = await store.get_latest_attempt(rollout_id)
+            if latest and latest.attempt_id == attempt_id and latest.status in ACTIVE_ATTEMPT_STATUSES:
+                await store.update_attempt(rollout_id, attempt_id, status=status, metadata={"worker": "lost"})
+        except UNREACHABLE as error:
+            logger.warning("could not mark %s %s (%s); the watchdog will", attempt_id, status, type(error).__name__)
+        self._count(status, rollout_id, slot)
+
+    async def _release(self, store: LightningStore, slot: Slot) -> None:
+        if slot.attempt is not None:
+            await release(store, *slot.attempt, reason="runner stopped")
+            slot.attempt = slot.deadline = None
+
+    async def _kill_all(self, store: LightningStore) -> None:
+        for slot in self.slots:
+            if slot.process is not None and slot.process.is_alive():
+                slot.process.kill()
+                slot.process.join()
+                self._drain(slot)
+                await self._release(store, slot)
+            slot.finished = True

@@ -1,0 +1,131 @@
+"""The runner with real worker processes against a real ``store serve`` (uvicorn on 127.0.0.1), with faults
+injected: exceptions, timeouts, hung sync tools, a blocked event loop, a SIGKILLed worker."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from lightning_store.models import Rollout, RolloutConfig
+from lightning_store.sql import SqlStore, open_store
+from runners import Runner
+from tests.conftest import serving
+
+RETRY = RolloutConfig(max_attempts=2, retry_condition=["failed", "timeout"], timeout_seconds=3)
+
+
+@pytest.fixture
+async def served(database_url: str) -> AsyncIterator[tuple[SqlStore, str]]:
+    store = await open_store(database_url, migrate=True, watchdog_interval=0.5)
+    async with serving(store) as url:
+        yield store, url
+    await store.close()
+
+
+async def run_until_done(
+    store: SqlStore, url: str, agent: str, rollout_ids: list[str], **options: Any
+) -> tuple[list[Rollout], Any]:
+    """Run ``agent`` with a runner until every rollout has finished, then stop the runner gracefully."""
+    runner = Runner(agent, url, heartbeat_interval=0.5, poll_timeout=1, progress=False, **options)
+    running = asyncio.create_task(runner.run())
+    finished = await store.wait_for_rollouts(rollout_ids=rollout_ids, timeout=120)
+    runner.stop()
+    summary = await asyncio.wait_for(running, 60)
+    return finished, summary
+
+
+async def attempts_of(store: SqlStore, rollout_id: str) -> list[str]:
+    return [a.status for a in await store.query_attempts(rollout_id, sort_by="sequence_id")]
+
+
+async def test_sync_and_async_agents_run_and_report_rewards(served: tuple[SqlStore, str]) -> None:
+    store, url = served
+    for agent in ("tests.agents:sync_agent", "tests.agents:async_agent"):
+        rollouts = await store.enqueue_many_rollouts([{"input": {"x": i}} for i in range(6)])  # type: ignore[misc]
+        ids = [r.rollout_id for r in rollouts]
+
+        finished, summary = await run_until_done(store, url, agent, ids, workers=2)
+
+        assert len(finished) == 6 and {r.status for r in finished} == {"succeeded"}
+        assert summary.succeeded == 6
+        for i, rollout_id in enumerate(ids):
+            rewards = [s for s in await store.query_spans(rollout_id) if s.name == "agentlightning.annotation"]
+            assert [s.attributes["agentlightning.reward.0.value"] for s in rewards] == [float(i)]
+    workers = await store.query_workers()
+    assert len(workers) == 2  # ids are host:pid:slot, so the second runner reused them
+    assert all(w.heartbeat_stats and w.heartbeat_stats["succeeded"] >= 1 for w in workers)
+
+
+@pytest.mark.parametrize(
+    ("agent", "fault", "first_attempt"),
+    [
+        ("tests.agents:faulty", "raise", "failed"),
+        ("tests.agents:faulty", "hang_async", "timeout"),
+        ("tests.agents:faulty", "block_loop", "timeout"),
+        ("tests.agents:faulty", "sigkill", "failed"),
+        ("tests.agents:faulty_sync", "hang", "timeout"),
+        ("tests.agents:faulty_sync", "raise", "failed"),
+    ],
+)
+async def test_a_fault_ends_the_attempt_with_its_status_and_the_retry_succeeds(
+    served: tuple[SqlStore, str], agent: str, fault: str, first_attempt: str
+) -> None:
+    store, url = served
+    faulty = await store.enqueue_rollout({"i": 0, "fault": fault}, config=RETRY)
+    healthy = await store.enqueue_rollout({"i": 1}, config=RETRY)
+
+    finished, summary = await run_until_done(
+        store, url, agent, [faulty.rollout_id, healthy.rollout_id], workers=2, kill_after=2
+    )
+
+    assert [r.status for r in finished] == ["succeeded", "succeeded"]
+    assert await attempts_of(store, faulty.rollout_id) == [first_attempt, "succeeded"]
+    assert await attempts_of(store, healthy.rollout_id) == ["succeeded"]
+    if fault == "raise":
+        first = (await store.query_attempts(faulty.rollout_id, sort_by="sequence_id"))[0]
+        spans = await store.query_spans(faulty.rollout_id, first.attempt_id)
+        assert any(s.name == "agentlightning.exception" for s in spans)
+    if fault in ("block_loop", "sigkill", "hang"):
+        assert summary.worker_restarts >= 1
+
+
+async def test_without_retries_a_failure_fails_the_rollout(served: tuple[SqlStore, str]) -> None:
+    store, url = served
+    rollout = await store.enqueue_rollout({"i": 0, "fault": "raise"})
+
+    [finished], _ = await run_until_done(store, url, "tests.agents:faulty", [rollout.rollout_id])
+
+    assert finished.status == "failed"
+    assert await attempts_of(store, rollout.rollout_id) == ["failed"]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+async def test_two_hundred_rollouts_with_crashes_and_hangs_each_succeed_exactly_once(
+    served: tuple[SqlStore, str],
+) -> None:
+    store, url = served
+    tasks: list[dict[str, Any]] = []
+    for i in range(200):
+        crash = "sigkill" if i % 20 == 3 else "raise"  # 10% crash: half by SIGKILL of the worker process
+        hang = "block_loop" if i % 40 == 7 else "hang_async"  # 5% hang: some block the worker's event loop
+        fault = crash if i % 10 == 3 else hang if i % 20 == 7 else "none"
+        tasks.append({"i": i, "fault": fault, "sleep": 0.01})
+    rollouts = await store.enqueue_many_rollouts([{"input": t, "config": RETRY} for t in tasks])  # type: ignore[misc]
+    ids = [r.rollout_id for r in rollouts]
+
+    finished, summary = await run_until_done(store, url, "tests.agents:faulty", ids, workers=4, kill_after=1)
+
+    assert len(finished) == 200 and {r.status for r in finished} == {"succeeded"}
+    assert summary.succeeded == 200
+    for task, rollout_id in zip(tasks, ids, strict=True):
+        attempts = await store.query_attempts(rollout_id, sort_by="sequence_id")
+        first = {"raise": "failed", "sigkill": "failed", "hang_async": "timeout", "block_loop": "timeout"}
+        expected = [first[task["fault"]], "succeeded"] if task["fault"] != "none" else ["succeeded"]
+        assert [a.status for a in attempts] == expected
+        for earlier, later in itertools.pairwise(attempts):
+            assert earlier.end_time is not None and earlier.end_time <= later.start_time  # never two at once
