@@ -45,8 +45,8 @@ async def wait_healthy(url: str, process: subprocess.Popen[str], seconds: float 
 
 
 class Server:
-    def __init__(self, *args: str, cwd: Path) -> None:
-        self.port = free_port()
+    def __init__(self, *args: str, cwd: Path, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = subprocess.Popen(
             [*store_command(), "serve", "--port", str(self.port), "--log-level", "warning", *args],
