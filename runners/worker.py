@@ -143,10 +143,10 @@ class Worker:
             await self._finish(rollout_id, attempt_id, status)
         except AttemptLost:
             status = "timeout"
+            self._count(status)
             logger.warning("attempt %s of %s is no longer ours; stopped it", attempt_id, rollout_id)
         finally:
             self.current = None
-        self._count(status)
         self.report({"event": "finished", "rollout_id": rollout_id, "attempt_id": attempt_id, "status": status})
         return status
 
@@ -224,6 +224,7 @@ class Worker:
         if latest is None or latest.attempt_id != attempt_id or latest.status not in ("running", "preparing"):
             raise AttemptLost(attempt_id)  # the watchdog decided first; its status stands
         await persist(lambda: self.store.update_attempt(rollout_id, attempt_id, status=status), what="report status")
+        self._count(status)
         await persist(
             lambda: self.store.update_worker(self.worker_id, heartbeat_stats=self.stats.as_heartbeat(None)),
             what="worker heartbeat",
