@@ -5,7 +5,7 @@ supervised worker processes; ``Worker`` runs attempts in the current process (as
 """
 
 from runners.agent import RolloutAgent, load_agent, rollout
-from runners.process import release
+from runners.attempts import release
 from runners.supervisor import Runner, RunSummary
 from runners.worker import Worker
 

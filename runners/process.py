@@ -21,14 +21,11 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from lightning_store.connect import connect, is_server_url
-from lightning_store.contract import LightningStore
 from runners.agent import load_agent
-from runners.resilience import UNREACHABLE
+from runners.attempts import release
 from runners.worker import EXIT_HUNG, AgentHung, Worker
 
 logger = logging.getLogger(__name__)
-
-ACTIVE_ATTEMPT_STATUSES = ("preparing", "running", "unresponsive")
 
 
 @dataclass(frozen=True)
@@ -98,22 +95,6 @@ async def _serve(config: WorkerConfig, conn: Connection) -> None:
         running.result()
     finally:
         await store.close()
-
-
-async def release(store: LightningStore, rollout_id: str, attempt_id: str, reason: str) -> bool:
-    """Give an attempt that was not allowed to finish back to the queue: the attempt is marked failed with the
-    reason in its metadata and the rollout is requeued. Does nothing (False) when the attempt is no longer the
-    rollout's active one."""
-    try:
-        latest = await store.get_latest_attempt(rollout_id)
-        if latest is None or latest.attempt_id != attempt_id or latest.status not in ACTIVE_ATTEMPT_STATUSES:
-            return False
-        await store.update_attempt(rollout_id, attempt_id, status="failed", metadata={"released": reason})
-        await store.update_rollout(rollout_id, status="requeuing")
-    except UNREACHABLE as error:
-        logger.warning("could not release %s (%s); the watchdog will recover it", attempt_id, type(error).__name__)
-        return False
-    return True
 
 
 def _send(conn: Connection, event: dict[str, Any]) -> None:

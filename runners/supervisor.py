@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -25,7 +26,8 @@ from typing import Any
 from lightning_store.connect import connect
 from lightning_store.contract import LightningStore
 from lightning_store.models import AttemptStatus
-from runners.process import ACTIVE_ATTEMPT_STATUSES, WorkerConfig, release, worker_main
+from runners.attempts import end_if_current, outcome, release
+from runners.process import WorkerConfig, worker_main
 from runners.progress import ProgressView
 from runners.resilience import UNREACHABLE
 from runners.worker import EXIT_HUNG
@@ -54,11 +56,21 @@ class Slot:
 
 @dataclass
 class RunSummary:
-    succeeded: int = 0
-    failed: int = 0
-    timeout: int = 0
+    statuses: Counter[str] = field(default_factory=Counter)
+    """Attempts by outcome: ``succeeded``, ``failed``, ``timeout``."""
     worker_restarts: int = 0
-    statuses: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def succeeded(self) -> int:
+        return self.statuses["succeeded"]
+
+    @property
+    def failed(self) -> int:
+        return self.statuses["failed"]
+
+    @property
+    def timeout(self) -> int:
+        return self.statuses["timeout"]
 
 
 class Runner:
@@ -206,14 +218,8 @@ class Runner:
             self._count(event["status"], event["rollout_id"], slot)
 
     def _count(self, status: str, rollout_id: str, slot: Slot) -> None:
-        self.summary.statuses[status] = self.summary.statuses.get(status, 0) + 1
-        if status == "succeeded":
-            self.summary.succeeded += 1
-        elif status == "timeout":
-            self.summary.timeout += 1
-        else:
-            self.summary.failed += 1
-        self.progress.finished(status, rollout_id=rollout_id, worker_id=slot.config.worker_id)
+        self.summary.statuses[outcome(status)] += 1
+        self.progress.finished(outcome(status), rollout_id=rollout_id, worker_id=slot.config.worker_id)
 
     async def _settle(self, store: LightningStore, slot: Slot, status: AttemptStatus) -> None:
         """Mark the dead worker's attempt with ``status`` unless the store already moved on."""
@@ -222,9 +228,7 @@ class Runner:
         rollout_id, attempt_id = slot.attempt
         slot.attempt = slot.deadline = None
         try:
-            latest = await store.get_latest_attempt(rollout_id)
-            if latest and latest.attempt_id == attempt_id and latest.status in ACTIVE_ATTEMPT_STATUSES:
-                await store.update_attempt(rollout_id, attempt_id, status=status, metadata={"worker": "lost"})
+            await end_if_current(store, rollout_id, attempt_id, status, {"worker": "lost"})
         except UNREACHABLE as error:
             logger.warning("could not mark %s %s (%s); the watchdog will", attempt_id, status, type(error).__name__)
         self._count(status, rollout_id, slot)

@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from lightning_store.contract import LightningStore
 from lightning_store.models import AttemptedRollout, AttemptStatus
 from runners.agent import RolloutAgent
+from runners.attempts import ACTIVE_ATTEMPT_STATUSES, end_if_current, outcome, tally
 from runners.endpoint import bind_resources, main_llm
 from runners.resilience import UNREACHABLE, persist
 from tracers import Tracer, emit_exception, emit_reward
@@ -42,16 +44,12 @@ class AttemptLost(Exception):
 
 @dataclass
 class WorkerStats:
-    succeeded: int = 0
-    failed: int = 0
-    timeout: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
     started_at: float = field(default_factory=time.time)
 
     def as_heartbeat(self, current: str | None) -> dict[str, Any]:
         return {
-            "succeeded": self.succeeded,
-            "failed": self.failed,
-            "timeout": self.timeout,
+            **tally(self.outcomes),
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "uptime": round(time.time() - self.started_at, 1),
@@ -143,7 +141,7 @@ class Worker:
             await self._finish(rollout_id, attempt_id, status)
         except AttemptLost:
             status = "timeout"
-            self._count(status)
+            self.stats.outcomes[status] += 1
             logger.warning("attempt %s of %s is no longer ours; stopped it", attempt_id, rollout_id)
         finally:
             self.current = None
@@ -216,24 +214,14 @@ class Worker:
             except UNREACHABLE as error:
                 logger.warning("heartbeat failed, store unreachable (%s)", type(error).__name__)
                 continue
-            if attempt.status not in ("running", "preparing") or (latest and latest.attempt_id != attempt_id):
+            if attempt.status not in ACTIVE_ATTEMPT_STATUSES or (latest and latest.attempt_id != attempt_id):
                 raise AttemptLost(attempt_id)
 
     async def _finish(self, rollout_id: str, attempt_id: str, status: AttemptStatus) -> None:
-        latest = await persist(lambda: self.store.get_latest_attempt(rollout_id), what="check attempt")
-        if latest is None or latest.attempt_id != attempt_id or latest.status not in ("running", "preparing"):
+        if not await persist(lambda: end_if_current(self.store, rollout_id, attempt_id, status), what="report status"):
             raise AttemptLost(attempt_id)  # the watchdog decided first; its status stands
-        await persist(lambda: self.store.update_attempt(rollout_id, attempt_id, status=status), what="report status")
-        self._count(status)
+        self.stats.outcomes[outcome(status)] += 1
         await persist(
             lambda: self.store.update_worker(self.worker_id, heartbeat_stats=self.stats.as_heartbeat(None)),
             what="worker heartbeat",
         )
-
-    def _count(self, status: AttemptStatus) -> None:
-        if status == "succeeded":
-            self.stats.succeeded += 1
-        elif status == "timeout":
-            self.stats.timeout += 1
-        else:
-            self.stats.failed += 1

@@ -13,9 +13,9 @@ import pytest
 from algorithms.serving.policy_server import PolicyServer
 from algorithms.serving.tiny_model import build_tiny_model
 from lightning_store import LLM
-from lightning_store.sql import SqlStore, open_store
+from lightning_store.sql import SqlStore
 from runners import Runner
-from tests.conftest import serve_app, serving
+from tests.conftest import serve_app
 
 
 @pytest.fixture
@@ -23,14 +23,6 @@ async def policy(tmp_path: Path) -> AsyncIterator[tuple[PolicyServer, str]]:
     server = PolicyServer(build_tiny_model(tmp_path / "model"), model_name="tiny")
     async with serve_app(server.app()) as url:
         yield server, url
-
-
-@pytest.fixture
-async def served(database_url: str) -> AsyncIterator[tuple[SqlStore, str]]:
-    store = await open_store(database_url, migrate=True, watchdog_interval=0)
-    async with serving(store) as url:
-        yield store, url
-    await store.close()
 
 
 async def test_openai_sdk_agent_is_captured_token_exact(

@@ -5,25 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from lightning_store.models import Rollout, RolloutConfig
-from lightning_store.sql import SqlStore, open_store
+from lightning_store.sql import SqlStore
 from runners import Runner
-from tests.conftest import serving
 
 RETRY = RolloutConfig(max_attempts=2, retry_condition=["failed", "timeout"], timeout_seconds=3)
-
-
-@pytest.fixture
-async def served(database_url: str) -> AsyncIterator[tuple[SqlStore, str]]:
-    store = await open_store(database_url, migrate=True, watchdog_interval=0.5)
-    async with serving(store) as url:
-        yield store, url
-    await store.close()
 
 
 async def run_until_done(
