@@ -35,7 +35,9 @@ from runners.worker import EXIT_HUNG
 logger = logging.getLogger(__name__)
 
 CRASH_LOOP_SECONDS = 5.0
-"""A worker that dies this soon after starting, several times in a row, means the runner cannot work."""
+"""A worker that dies this soon after starting without claiming any attempt, several times in a row, means the
+runner cannot work (the agent does not import, the store does not answer). Deaths during attempts are the
+agents' faults, recovered one by one, and do not count."""
 CRASH_LOOP_LIMIT = 5
 
 
@@ -48,6 +50,7 @@ class Slot:
     process: BaseProcess | None = None
     conn: Connection | None = None
     started_at: float = 0.0
+    claims: int = 0
     attempt: tuple[str, str] | None = None
     deadline: float | None = None
     quick_deaths: int = 0
@@ -145,6 +148,9 @@ class Runner:
                         if time.monotonic() > stop_deadline:
                             await self._kill_all(store)
                     await asyncio.sleep(0.05)
+        except BaseException:
+            await self._kill_all(store)  # the attempts in flight are released, not left to the watchdog
+            raise
         finally:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(signum)
@@ -158,7 +164,7 @@ class Runner:
         )
         process.start()
         child.close()
-        slot.process, slot.conn, slot.started_at = process, parent, time.monotonic()
+        slot.process, slot.conn, slot.started_at, slot.claims = process, parent, time.monotonic(), 0
         slot.attempt = slot.deadline = None
 
     async def _tend(self, slot: Slot, store: LightningStore) -> None:
@@ -189,12 +195,12 @@ class Runner:
         self._restart(slot)
 
     def _restart(self, slot: Slot) -> None:
-        quick = time.monotonic() - slot.started_at < CRASH_LOOP_SECONDS
+        quick = slot.claims == 0 and time.monotonic() - slot.started_at < CRASH_LOOP_SECONDS
         slot.quick_deaths = slot.quick_deaths + 1 if quick else 0
         if slot.quick_deaths >= CRASH_LOOP_LIMIT:
             raise RuntimeError(
                 f"worker {slot.config.worker_id} died {CRASH_LOOP_LIMIT} times within {CRASH_LOOP_SECONDS} s of "
-                "starting; see its log (can the agent be imported? does the store answer?)"
+                "starting without claiming a rollout; see its log (can the agent be imported? does the store answer?)"
             )
         self.summary.worker_restarts += 1
         self._spawn(slot)
@@ -210,6 +216,7 @@ class Runner:
     def _on_event(self, slot: Slot, event: dict[str, Any]) -> None:
         if event["event"] == "claimed":
             slot.attempt = (event["rollout_id"], event["attempt_id"])
+            slot.claims += 1
             timeout = event.get("timeout")
             slot.deadline = None if timeout is None else time.monotonic() + timeout + self.kill_after
             self.progress.claimed()

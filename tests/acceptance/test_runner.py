@@ -121,3 +121,11 @@ async def test_two_hundred_rollouts_with_crashes_and_hangs_each_succeed_exactly_
         assert [a.status for a in attempts] == expected
         for earlier, later in itertools.pairwise(attempts):
             assert earlier.end_time is not None and earlier.end_time <= later.start_time  # never two at once
+
+
+async def test_a_worker_that_cannot_start_stops_the_runner(served: tuple[SqlStore, str]) -> None:
+    _, url = served
+    runner = Runner("tests.agents:no_such_agent", url, progress=False)
+
+    with pytest.raises(RuntimeError, match="without claiming a rollout"):
+        await asyncio.wait_for(runner.run(), 120)
