@@ -1,7 +1,7 @@
 """lightning-store: a durable rollout and span store for training LLM agents with reinforcement learning."""
 
 from lightning_store.contract import UNSET, LightningStore, StoreStatistics
-from lightning_store.errors import InvalidRequestError, NotFoundError, StoreError
+from lightning_store.errors import ConflictError, InvalidRequestError, NotFoundError, StoreError
 from lightning_store.llm_calls import LlmCall
 from lightning_store.models import (
     Attempt,
@@ -25,6 +25,7 @@ __all__ = [
     "Attempt",
     "AttemptStatus",
     "AttemptedRollout",
+    "ConflictError",
     "EnqueueRolloutRequest",
     "InvalidRequestError",
     "LightningStore",

@@ -3,8 +3,9 @@
 Transport rules: one request per call (batch calls included); connection failures and 503 answers are retried
 with backoff — every request when the connection could not be opened (nothing was sent), and idempotent ones
 (reads, updates, span writes, enqueue with a rollout id) also when the answer was lost. Long waits are split into
-long-polls of at most ``MAX_LONG_POLL_SECONDS``. Errors come back typed: 404 → ``NotFoundError``, other 4xx →
-``InvalidRequestError`` (401 → ``UnauthorizedError``), each with the server's ``field``.
+long-polls of at most ``MAX_LONG_POLL_SECONDS``. Errors come back typed: 404 → ``NotFoundError``, 409 →
+``ConflictError``, other 4xx → ``InvalidRequestError`` (401 → ``UnauthorizedError``), each with the server's
+``field``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import httpx
 from opentelemetry.sdk.trace import ReadableSpan
 
 from lightning_store.contract import UNSET, StoreStatistics, Unset
-from lightning_store.errors import InvalidRequestError, NotFoundError, StoreError, UnauthorizedError
+from lightning_store.errors import ConflictError, InvalidRequestError, NotFoundError, StoreError, UnauthorizedError
 from lightning_store.llm_calls import LlmCall
 from lightning_store.models import (
     Attempt,
@@ -105,6 +106,8 @@ class HttpStore:
             raise NotFoundError(detail, field=field)
         if response.status_code == 401:
             raise UnauthorizedError(detail, field=field)
+        if response.status_code == 409:
+            raise ConflictError(detail, field=field)
         if response.status_code < 500:
             raise InvalidRequestError(detail, field=field)
         response.raise_for_status()
@@ -316,8 +319,12 @@ class HttpStore:
         worker_id: str | Unset = UNSET,
         last_heartbeat_time: float | Unset = UNSET,
         metadata: dict[str, Any] | None | Unset = UNSET,
+        *,
+        if_current: bool = False,
     ) -> Attempt:
         body = _set(status=status, worker_id=worker_id, last_heartbeat_time=last_heartbeat_time, metadata=metadata)
+        if if_current:
+            body["if_current"] = True
         data = await self._call(
             "POST",
             f"/v1/agl/rollouts/{_id(rollout_id, 'rollout_id')}/attempts/{_id(attempt_id, 'attempt_id')}",

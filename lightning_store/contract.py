@@ -184,9 +184,16 @@ class LightningStore(Protocol):
         worker_id: str | Unset = UNSET,
         last_heartbeat_time: float | Unset = UNSET,
         metadata: dict[str, Any] | None | Unset = UNSET,
+        *,
+        if_current: bool = False,
     ) -> Attempt:
         """Update an attempt (``attempt_id`` may be ``"latest"``). A status change of the latest attempt
-        decides the rollout's status through the retry policy; the attempt's worker follows its status."""
+        decides the rollout's status through the retry policy; the attempt's worker follows its status.
+
+        With ``if_current`` (an addition) the update applies only while the attempt is its rollout's latest
+        attempt and still active (``ACTIVE_ATTEMPT_STATUSES``); otherwise ``ConflictError`` is raised and
+        nothing is written. Check and write are one transaction, so a runner's report can never overrule the
+        watchdog or a newer attempt."""
         ...
 
     # Spans -----------------------------------------------------------------------------------------------

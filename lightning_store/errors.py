@@ -20,5 +20,10 @@ class InvalidRequestError(StoreError):
     """An argument is malformed or asks for a transition the store does not allow."""
 
 
+class ConflictError(StoreError):
+    """The store's state no longer allows the change: a conditional update (``if_current``) of an attempt that
+    is no longer its rollout's active, latest attempt. Nothing was written."""
+
+
 class UnauthorizedError(StoreError):
     """The server wants a bearer token that the client did not send (or sent wrong)."""

@@ -30,6 +30,8 @@ ACTIVE_ROLLOUT_STATUSES: tuple[RolloutStatus, ...] = ("preparing", "running")
 TERMINAL_ROLLOUT_STATUSES: tuple[RolloutStatus, ...] = ("succeeded", "failed", "cancelled")
 ENDED_ATTEMPT_STATUSES: tuple[AttemptStatus, ...] = ("succeeded", "failed", "timeout")
 """Attempt statuses that stamp ``end_time``; an ``unresponsive`` attempt may still come back."""
+ACTIVE_ATTEMPT_STATUSES: tuple[AttemptStatus, ...] = ("preparing", "running", "unresponsive")
+"""An attempt in one of these may still report: it has not ended."""
 
 TaskInput = Any
 

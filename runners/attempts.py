@@ -2,7 +2,7 @@
 
 The watchdog may have timed an attempt out, or a newer attempt may exist, by the time a worker (or the
 supervisor, for a dead worker) reports; then the store's verdict stands. Every report goes through
-:func:`end_if_current`.
+:func:`end_if_current`, a conditional update (``if_current``) that the store checks and applies atomically.
 """
 
 from __future__ import annotations
@@ -11,13 +11,12 @@ import logging
 from collections import Counter
 from typing import Any
 
-from lightning_store.contract import LightningStore
+from lightning_store.contract import UNSET, LightningStore
+from lightning_store.errors import ConflictError
 from lightning_store.models import AttemptStatus
 from runners.resilience import UNREACHABLE
 
 logger = logging.getLogger(__name__)
-
-ACTIVE_ATTEMPT_STATUSES = ("preparing", "running", "unresponsive")
 
 
 def outcome(status: str) -> str:
@@ -38,13 +37,12 @@ async def end_if_current(
 ) -> bool:
     """Set the attempt's final ``status`` (and ``metadata``) while it is still its rollout's latest, active
     attempt; False, and nothing written, otherwise."""
-    latest = await store.get_latest_attempt(rollout_id)
-    if latest is None or latest.attempt_id != attempt_id or latest.status not in ACTIVE_ATTEMPT_STATUSES:
+    try:
+        await store.update_attempt(
+            rollout_id, attempt_id, status=status, metadata=UNSET if metadata is None else metadata, if_current=True
+        )
+    except ConflictError:
         return False
-    if metadata is None:
-        await store.update_attempt(rollout_id, attempt_id, status=status)
-    else:
-        await store.update_attempt(rollout_id, attempt_id, status=status, metadata=metadata)
     return True
 
 

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightning_store.contract import LightningStore
+from lightning_store.errors import ConflictError
 from lightning_store.models import AttemptedRollout, AttemptStatus
 from runners.agent import RolloutAgent
-from runners.attempts import ACTIVE_ATTEMPT_STATUSES, end_if_current, outcome, tally
+from runners.attempts import end_if_current, outcome, tally
 from runners.endpoint import bind_resources, main_llm
 from runners.resilience import UNREACHABLE, persist
 from tracers import Tracer, emit_exception, emit_reward
@@ -89,6 +90,7 @@ class Worker:
         self.report: Report = report or (lambda event: None)
         self.stats = WorkerStats()
         self.current: AttemptedRollout | None = None
+        self._last_worker_heartbeat = -float("inf")
 
     async def run(self, stop: asyncio.Event, *, idle_exit: float | None = None) -> None:
         """Dequeue and run attempts until ``stop`` is set, or the queue stayed empty for ``idle_exit`` s."""
@@ -102,9 +104,11 @@ class Worker:
                 if claimed is None:
                     continue
                 await self.run_attempt(claimed, tracer)
+                await persist(lambda: self._worker_heartbeat(due_only=True), what="worker heartbeat")
                 idle_since = time.monotonic()
         finally:
             await tracer.shutdown()
+        await persist(lambda: self._worker_heartbeat(due_only=False), what="worker heartbeat")
 
     async def _dequeue(self) -> AttemptedRollout | None:
         try:
@@ -147,9 +151,6 @@ class Worker:
             self.current = None
         self.report({"event": "finished", "rollout_id": rollout_id, "attempt_id": attempt_id, "status": status})
         return status
-
-    async def _start(self, rollout_id: str, attempt_id: str) -> None:
-        await self.store.update_attempt(rollout_id, attempt_id, status="running", last_heartbeat_time=time.time())
 
     async def _run_agent(self, claimed: AttemptedRollout, timeout: float | None) -> tuple[AttemptStatus, bool]:
         """Run the agent (and its heartbeats); the attempt status and whether a sync agent's thread hung."""
@@ -203,25 +204,32 @@ class Worker:
         )
 
     async def _heartbeat(self, claimed: AttemptedRollout) -> None:
-        """Heartbeat the attempt and the worker; raise AttemptLost when the attempt is no longer running."""
+        """Heartbeat the attempt (and the worker, when due); raise AttemptLost once the attempt is no longer
+        its rollout's active, latest attempt."""
         rollout_id, attempt_id = claimed.rollout_id, claimed.attempt.attempt_id
         while True:
             await asyncio.sleep(self.heartbeat_interval)
             try:
-                attempt = await self.store.update_attempt(rollout_id, attempt_id, last_heartbeat_time=time.time())
-                latest = await self.store.get_latest_attempt(rollout_id)
-                await self.store.update_worker(self.worker_id, heartbeat_stats=self.stats.as_heartbeat(rollout_id))
+                await self.store.update_attempt(
+                    rollout_id, attempt_id, last_heartbeat_time=time.time(), if_current=True
+                )
+                await self._worker_heartbeat(due_only=True)
+            except ConflictError:
+                raise AttemptLost(attempt_id) from None
             except UNREACHABLE as error:
                 logger.warning("heartbeat failed, store unreachable (%s)", type(error).__name__)
-                continue
-            if attempt.status not in ACTIVE_ATTEMPT_STATUSES or (latest and latest.attempt_id != attempt_id):
-                raise AttemptLost(attempt_id)
+
+    async def _worker_heartbeat(self, *, due_only: bool) -> None:
+        """Send the worker's stats; with ``due_only``, at most once per heartbeat interval (a request per
+        attempt would cost throughput for a display that refreshes every few seconds)."""
+        now = time.monotonic()
+        if due_only and now - self._last_worker_heartbeat < self.heartbeat_interval:
+            return
+        self._last_worker_heartbeat = now
+        current = self.current.rollout_id if self.current else None
+        await self.store.update_worker(self.worker_id, heartbeat_stats=self.stats.as_heartbeat(current))
 
     async def _finish(self, rollout_id: str, attempt_id: str, status: AttemptStatus) -> None:
         if not await persist(lambda: end_if_current(self.store, rollout_id, attempt_id, status), what="report status"):
             raise AttemptLost(attempt_id)  # the watchdog decided first; its status stands
         self.stats.outcomes[outcome(status)] += 1
-        await persist(
-            lambda: self.store.update_worker(self.worker_id, heartbeat_stats=self.stats.as_heartbeat(None)),
-            what="worker heartbeat",
-        )

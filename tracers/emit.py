@@ -15,7 +15,7 @@ from typing import Any
 from opentelemetry.trace import Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from tracers import semconv
+from lightning_store import semconv
 from tracers.provider import get_tracer
 
 

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from lightning_store import semconv
 from lightning_store.contract import LightningStore
 from lightning_store.errors import NotFoundError
 from lightning_store.spans import Span
-from tracers import semconv
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Any, TypeVar, overload
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from tracers import semconv
+from lightning_store import semconv
 from tracers.emit import to_json
 from tracers.provider import get_tracer
 

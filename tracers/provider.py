@@ -15,7 +15,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 
-from tracers import semconv
+from lightning_store import semconv
 from tracers.binding import current_binding
 
 INSTRUMENTATION_NAME = "lightning_store.tracers"

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from lightning_store.contract import LightningStore
-from lightning_store.errors import InvalidRequestError, NotFoundError, StoreError
+from lightning_store.errors import ConflictError, InvalidRequestError, NotFoundError, StoreError
 from lightning_store.server import otlp, proxy, routes_rollouts, routes_store
 from lightning_store.server.guards import Guards
 from lightning_store.server.metrics import Metrics
@@ -75,6 +75,10 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(NotFoundError)
     async def not_found(_: Request, exc: NotFoundError) -> JSONResponse:
         return _error(404, exc, exc.field)
+
+    @app.exception_handler(ConflictError)
+    async def conflict(_: Request, exc: ConflictError) -> JSONResponse:
+        return _error(409, exc, exc.field)
 
     @app.exception_handler(InvalidRequestError)
     async def invalid(_: Request, exc: InvalidRequestError) -> JSONResponse:

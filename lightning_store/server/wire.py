@@ -97,9 +97,12 @@ class UpdateAttemptBody(Body):
     worker_id: str | None = None
     last_heartbeat_time: float | None = None
     metadata: dict[str, Any] | None = None
+    if_current: bool = False
 
     def changes(self) -> dict[str, Any]:
-        return _changes(self, not_null=("status", "worker_id", "last_heartbeat_time"))
+        changes = _changes(self, not_null=("status", "worker_id", "last_heartbeat_time", "if_current"))
+        changes["if_current"] = self.if_current
+        return changes
 
 
 class QuerySpansBody(PageBody):

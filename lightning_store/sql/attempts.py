@@ -10,8 +10,16 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from lightning_store.contract import UNSET, Unset
-from lightning_store.errors import NotFoundError
-from lightning_store.models import ATTEMPT_STATUSES, Attempt, AttemptStatus, PaginatedResult, RolloutConfig, SortOrder
+from lightning_store.errors import ConflictError, NotFoundError
+from lightning_store.models import (
+    ACTIVE_ATTEMPT_STATUSES,
+    ATTEMPT_STATUSES,
+    Attempt,
+    AttemptStatus,
+    PaginatedResult,
+    RolloutConfig,
+    SortOrder,
+)
 from lightning_store.sql import transitions, validate
 from lightning_store.sql.base import SqlBase
 from lightning_store.sql.paging import fetch_page
@@ -70,6 +78,8 @@ class AttemptOps(SqlBase):
         worker_id: str | Unset = UNSET,
         last_heartbeat_time: float | Unset = UNSET,
         metadata: dict[str, Any] | None | Unset = UNSET,
+        *,
+        if_current: bool = False,
     ) -> Attempt:
         if status is not UNSET:
             validate.one_of(status, ATTEMPT_STATUSES, "status")
@@ -98,6 +108,8 @@ class AttemptOps(SqlBase):
                         f"attempt {attempt_id!r} of rollout {rollout_id!r} not found", field="attempt_id"
                     )
                 attempt = attempt_from_row(row)
+            if if_current:
+                _check_current(attempt, latest)
             values: dict[str, Any] = {}
             if worker_id is not UNSET:
                 values["worker_id"] = worker_id
@@ -125,3 +137,10 @@ class AttemptOps(SqlBase):
             elif worker_id is not UNSET:
                 await transitions.sync_worker(conn, self.dialect, attempt, now)
         return attempt
+
+
+def _check_current(attempt: Attempt, latest: Attempt | None) -> None:
+    if latest is None or latest.attempt_id != attempt.attempt_id:
+        raise ConflictError(f"attempt {attempt.attempt_id!r} is no longer its rollout's latest", field="attempt_id")
+    if attempt.status not in ACTIVE_ATTEMPT_STATUSES:
+        raise ConflictError(f"attempt {attempt.attempt_id!r} has already ended ({attempt.status})", field="status")

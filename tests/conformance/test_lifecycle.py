@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from lightning_store import RolloutConfig
+from lightning_store import ConflictError, RolloutConfig
 from lightning_store.contract import LightningStore
 from lightning_store.models import AttemptStatus
 from lightning_store.spans import Span
@@ -177,3 +177,51 @@ async def test_only_one_of_several_stores_scans_at_a_time(store_factory: StoreFa
     assert sum(marked) == 5
     attempts = [await stores[0].get_latest_attempt(r.rollout_id) for r in rollouts]
     assert all(a is not None and a.status == "timeout" for a in attempts)
+
+
+@pytest.mark.parametrize("status", ["preparing", "running", "unresponsive"])
+async def test_conditional_update_applies_to_the_current_attempt(store: LightningStore, status: AttemptStatus) -> None:
+    rollout = await store.enqueue_rollout(1)
+    claimed = await store.dequeue_rollout()
+    assert claimed is not None
+    attempt_id = claimed.attempt.attempt_id
+    await store.update_attempt(rollout.rollout_id, attempt_id, status=status)
+    updated = await store.update_attempt(rollout.rollout_id, attempt_id, status="succeeded", if_current=True)
+    assert updated.status == "succeeded"
+    final = await store.get_rollout_by_id(rollout.rollout_id)
+    assert final is not None and final.status == "succeeded"
+
+
+@pytest.mark.parametrize("status", ["succeeded", "failed", "timeout"])
+async def test_conditional_update_of_an_ended_attempt_conflicts(store: LightningStore, status: AttemptStatus) -> None:
+    rollout = await store.enqueue_rollout(1)
+    claimed = await store.dequeue_rollout()
+    assert claimed is not None
+    attempt_id = claimed.attempt.attempt_id
+    await store.update_attempt(rollout.rollout_id, attempt_id, status=status)
+    with pytest.raises(ConflictError) as raised:
+        await store.update_attempt(
+            rollout.rollout_id, attempt_id, status="succeeded", metadata={"late": True}, if_current=True
+        )
+    assert raised.value.field == "status"
+    attempt = await store.get_latest_attempt(rollout.rollout_id)
+    assert attempt is not None and attempt.status == status and attempt.metadata != {"late": True}
+
+
+async def test_conditional_update_of_a_superseded_attempt_conflicts(store: LightningStore) -> None:
+    config = RolloutConfig(max_attempts=2, retry_condition=["unresponsive"])
+    rollout = await store.enqueue_rollout(1, config=config)
+    first = await store.dequeue_rollout()
+    assert first is not None
+    await store.update_attempt(rollout.rollout_id, first.attempt.attempt_id, status="unresponsive")
+    second = await store.dequeue_rollout()
+    assert second is not None and second.attempt.sequence_id == 2
+    # The first attempt is still "unresponsive" (not ended), but it is no longer the latest.
+    with pytest.raises(ConflictError) as raised:
+        await store.update_attempt(
+            rollout.rollout_id, first.attempt.attempt_id, last_heartbeat_time=time.time(), if_current=True
+        )
+    assert raised.value.field == "attempt_id"
+    attempts = (await store.query_attempts(rollout.rollout_id)).items
+    assert [a.status for a in attempts] == ["unresponsive", "preparing"]
+    assert attempts[0].last_heartbeat_time == first.attempt.last_heartbeat_time
