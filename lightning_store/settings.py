@@ -60,3 +60,15 @@ class ServerSettings(StoreSettings):
 
 def load_server_settings(**overrides: Any) -> ServerSettings:
     return ServerSettings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+class RunnerSettings(BaseSettings):
+    """Settings of the runner's worker processes (``store run``)."""
+
+    model_config = SettingsConfigDict(env_prefix="LIGHTNING_STORE_", extra="ignore")
+
+    instrument: str = Field(
+        default="auto",
+        description="OpenInference instrumentation at worker start-up: auto (every installed framework the "
+        "agent imported), none, or a comma list of frameworks (langchain, openai-agents).",
+    )

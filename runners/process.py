@@ -24,6 +24,7 @@ from lightning_store.connect import connect, is_server_url
 from runners.agent import load_agent
 from runners.attempts import release
 from runners.worker import EXIT_HUNG, AgentHung, Worker
+from tracers.openinference import instrument_from_settings
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ async def _serve(config: WorkerConfig, conn: Connection) -> None:
         loop.add_signal_handler(signum, stop.set)
     _watch_parent(config.parent_pid, lambda: loop.call_soon_threadsafe(stop.set))
     agent = load_agent(config.agent)
+    instrument_from_settings()  # OpenInference for LangChain / the OpenAI Agents SDK (LIGHTNING_STORE_INSTRUMENT)
     store = await connect(config.store_url, token=config.token)
     worker = Worker(
         store,

@@ -4,13 +4,15 @@ It answers ``/v1/chat/completions`` and ``/v1/completions`` (streaming too) and,
 ``return_token_ids``, reports the exact token ids: ``prompt_token_ids`` (top level for chat, in the choice for
 completions) and ``choices[i].token_ids``; with ``logprobs`` it reports each sampled token's log-probability
 under the model (log-softmax of the raw logits, before temperature). Generation runs in a worker thread, one
-request at a time, so the event loop keeps serving; ``swap_weights`` loads a new checkpoint between requests.
+request at a time, so the event loop keeps serving; ``swap_weights`` (a checkpoint) and ``load_state`` (weights
+in memory, from a trainer in the same process) take effect between two generations, never during one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -43,14 +45,24 @@ class PolicyServer:
         self.tokenizer: Any = AutoTokenizer.from_pretrained(self.model_dir)
         model: Any = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
         self.model: Any = model.eval()
+        self.version = 0
         self._lock = asyncio.Lock()
+        self._weights = threading.Lock()  # held by a generation and by a weight swap (which come from other threads)
 
     def swap_weights(self, model_dir: str | Path) -> None:
-        """Load a new checkpoint of the same architecture (called between requests)."""
+        """Load a new checkpoint of the same architecture."""
         from transformers import AutoModelForCausalLM
 
         model: Any = AutoModelForCausalLM.from_pretrained(model_dir)
-        self.model = model.eval()
+        with self._weights:
+            self.model = model.eval()
+            self.version += 1
+
+    def load_state(self, state: Any, version: int | None = None) -> None:
+        """Serve these weights (a state dict of the same architecture) from the next generation on."""
+        with self._weights:
+            self.model.load_state_dict(state)
+            self.version = self.version + 1 if version is None else version
 
     def _generate(self, prompt_ids: list[int], body: dict[str, Any]) -> Generation:
         import torch
@@ -63,7 +75,7 @@ class PolicyServer:
         sampling: dict[str, Any] = {"do_sample": temperature > 0}
         if temperature > 0:
             sampling.update(temperature=temperature, top_p=float(body.get("top_p", 1.0)), top_k=0)
-        with torch.no_grad():
+        with torch.no_grad(), self._weights:
             out = self.model.generate(
                 inputs,
                 attention_mask=torch.ones_like(inputs),

@@ -1,0 +1,183 @@
+"""``store algorithms list`` and ``store train`` (added to the ``store`` CLI through entry points).
+
+``store train`` runs the whole loop on one machine: ``store serve`` and ``store run`` as subprocesses (the
+store on SQLite in the output directory unless ``--store`` names a server), the policy server and the trainer
+in this process. Metrics go into the store and onto the terminal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from algorithms.base import load_algorithm, registered
+
+algorithms = typer.Typer(help="Training algorithms registered through the lightning_store.algorithms entry points.")
+console = Console(stderr=True)
+
+
+@algorithms.command("list")
+def list_algorithms(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """Show every registered algorithm, where it comes from, and what it does."""
+    rows = []
+    for name, entry in sorted(registered().items()):
+        try:
+            summary = load_algorithm(name).summary
+        except Exception as error:  # a broken plugin is shown, not fatal
+            summary = f"(cannot load: {error})"
+        source = entry.dist.name if entry.dist else "?"
+        rows.append({"name": name, "target": entry.value, "distribution": source, "summary": summary})
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table("name", "target", "package", "summary")
+    for row in rows:
+        table.add_row(row["name"], row["target"], row["distribution"], row["summary"])
+    Console().print(table)
+
+
+def read_tasks(path: Path) -> list[Any]:
+    """Tasks from a JSON Lines file: one JSON value per non-empty line."""
+    tasks = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            try:
+                tasks.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise typer.BadParameter(f"{path}:{number}: not JSON ({error.msg})") from None
+    if not tasks:
+        raise typer.BadParameter(f"{path} holds no tasks")
+    return tasks
+
+
+def read_config(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    import yaml
+
+    loaded = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(loaded, dict):
+        raise typer.BadParameter(f"{path}: the config must be a mapping of option names to values")
+    return loaded
+
+
+def _store_command() -> list[str]:
+    script = shutil.which("store", path=str(Path(sys.executable).parent))
+    return [script] if script else [sys.executable, "-m", "lightning_store.cli"]
+
+
+@contextlib.contextmanager
+def _process(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("ab") as sink:
+        process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise typer.Exit(code=1)
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/v1/agl/health", timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"store serve did not answer at {url}")
+
+
+def train(
+    algorithm: Annotated[str, typer.Option(help="Registered algorithm (store algorithms list).")],
+    agent: Annotated[str, typer.Option(help="The agent, as module:name.")],
+    train_file: Annotated[Path, typer.Option("--train", help="Training tasks, JSON Lines.", exists=True)],
+    model: Annotated[Path, typer.Option(help="Model directory (transformers format).", exists=True)],
+    val_file: Annotated[Path | None, typer.Option("--val", help="Validation tasks, JSON Lines.", exists=True)] = None,
+    config: Annotated[Path | None, typer.Option(help="YAML file of algorithm options.", exists=True)] = None,
+    output: Annotated[Path, typer.Option(help="Checkpoints, logs and the embedded store.")] = Path("runs/latest"),
+    steps: Annotated[int, typer.Option(min=1, help="Training steps.")] = 10,
+    workers: Annotated[int, typer.Option(min=1, help="Runner worker processes.")] = 4,
+    store: Annotated[str | None, typer.Option(help="A store server URL (default: serve one on SQLite).")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue from the newest checkpoint in --output.")] = True,
+) -> None:
+    """Train an agent: store, policy server, runners and trainer on this machine."""
+    algorithm_class = load_algorithm(algorithm)
+    options = read_config(config)
+    instance = algorithm_class(**options)
+    tasks = read_tasks(train_file)
+    val_tasks = read_tasks(val_file) if val_file else []
+    output.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        url = store
+        if url is None:
+            from algorithms.serving.local import free_port
+
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            database = f"sqlite+aiosqlite:///{(output / 'store.db').resolve()}"
+            argv = [
+                *_store_command(),
+                "serve",
+                "--port",
+                str(port),
+                "--database-url",
+                database,
+                "--log-level",
+                "warning",
+            ]
+            server = stack.enter_context(_process(argv, output / "serve.log"))
+            _wait_healthy(url, server)
+        runner_argv = [*_store_command(), "run", agent, "--store", url, "--workers", str(workers), "--no-progress"]
+        stack.enter_context(_process(runner_argv, output / "runner.log"))
+        summary = asyncio.run(_train(instance, url, tasks, val_tasks, model, output, steps, resume))
+    console.print_json(json.dumps(summary["history"][-1] if summary["history"] else {}))
+
+
+async def _train(
+    instance: Any, url: str, tasks: list[Any], val_tasks: list[Any], model: Path, output: Path, steps: int, resume: bool
+) -> dict[str, Any]:
+    from algorithms.progress import TrainingProgress
+    from algorithms.serving.local import LocalPolicy
+    from algorithms.session import TrainingSession
+    from lightning_store.connect import connect
+
+    client = await connect(url)
+    with LocalPolicy(model, model_name=model.name) as policy, TrainingProgress(steps) as progress:
+        session = TrainingSession(
+            store=client,
+            train_tasks=tasks,
+            val_tasks=val_tasks,
+            model_dir=model,
+            output_dir=output,
+            policy=policy,
+            max_steps=steps,
+            resume=resume,
+            on_step=progress.update,
+        )
+        try:
+            result: dict[str, Any] = await instance.train(session)
+        finally:
+            close = getattr(client, "close", None)
+            if close is not None:
+                await close()
+    return result

@@ -1,0 +1,216 @@
+"""LightningRL: GRPO, REINFORCE++ and PPO on transitions, one LLM call each.
+
+The training loop is shared: enqueue ``tasks × G`` rollouts against the current policy version, wait for them
+(or, asynchronously, keep the queue topped up), adapt them to transitions with credit assignment, compute the
+algorithm's advantages, update the policy, serve and publish the new version, log metrics, checkpoint.
+The three algorithms differ only in :meth:`LightningRL.advantages` (and PPO's value head).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import Field
+
+from adapters import Transition, TransitionAdapter, credit_assignment
+from algorithms import checkpoints, collect
+from algorithms.base import Algorithm, AlgorithmConfig
+from algorithms.session import MetricsLog, TrainingSession
+from lightning_store.models import RolloutConfig
+
+if TYPE_CHECKING:
+    import torch
+
+    from algorithms.update import Rollouts
+
+
+@dataclass
+class Estimate:
+    """An algorithm's advantages: ``keep`` lists the transitions to train on (others carry no signal, e.g. a
+    GRPO group with equal rewards); ``per_token`` is ``[len(keep), T]``; ``returns`` are PPO's value targets."""
+
+    keep: list[int]
+    per_token: torch.Tensor
+    returns: torch.Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class LightningRLConfig(AlgorithmConfig):
+    """Options shared by GRPO, REINFORCE++ and PPO (each documented in docs/reference/algorithms.md)."""
+
+    group_size: int = Field(4, ge=1, le=256, description="Rollouts per task per step (G).")
+    tasks_per_step: int = Field(8, ge=1, description="Tasks drawn per step; a step trains on tasks × G rollouts.")
+    learning_rate: float = Field(1e-5, gt=0, description="AdamW learning rate.")
+    clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO-style clip range of the importance ratio (ε).")
+    kl_beta: float = Field(0.04, ge=0, description="Weight of the k3 KL to the frozen reference policy (β).")
+    micro_batch_size: int = Field(8, ge=1, description="Transitions per forward/backward pass.")
+    mini_batches: int = Field(1, ge=1, description="Optimizer steps per epoch over a step's transitions.")
+    epochs: int = Field(1, ge=1, description="Passes over a step's transitions.")
+    max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping norm (None: no clipping).")
+    credit: Literal["identical", "discounted", "air"] = Field("identical", description="Credit assignment.")
+    gamma: float = Field(1.0, gt=0, le=1, description="Discount of the `discounted` credit assignment.")
+    air_alpha: float = Field(0.2, ge=0, le=1, description="Weight of tool-status rewards in AIR (α).")
+    air_weights: dict[str, float] = Field(default_factory=dict, description="AIR weight per tool name.")
+    agents: str | None = Field(None, description="Regex of the agent names to train (None: every LLM call).")
+    asynchronous: bool = Field(False, description="Keep the queue topped up instead of waiting for each batch.")
+    max_staleness: int = Field(1, ge=0, description="Async mode: drop transitions more than K versions old.")
+    rollout_timeout: float | None = Field(300.0, gt=0, description="Timeout of each rollout's attempt (s).")
+    max_attempts: int = Field(2, ge=1, description="Attempts per rollout (failed and timed-out ones retry).")
+    save_every: int = Field(1, ge=0, description="Checkpoint every N steps (0: only at the end).")
+    keep_checkpoints: int = Field(2, ge=1, description="How many checkpoints to keep.")
+    lora: dict[str, Any] | None = Field(None, description="peft LoraConfig options; None trains every weight.")
+    seed: int = Field(0, description="Seed of task sampling and mini-batch shuffling.")
+    eval_every: int = Field(0, ge=0, description="Evaluate on the validation tasks every N steps (0: first/last).")
+    eval_repeats: int = Field(4, ge=1, description="Rollouts per validation task in an evaluation.")
+
+
+class LightningRL(Algorithm):
+    """The shared loop; subclasses define the advantage."""
+
+    Config: ClassVar[type[AlgorithmConfig]] = LightningRLConfig
+    config: LightningRLConfig
+    value_head: ClassVar[bool] = False
+
+    @abstractmethod
+    def advantages(self, transitions: list[Transition], rollouts: Rollouts) -> Estimate:
+        """Which transitions to train on, their per-token advantages, PPO's value targets, and metrics."""
+
+    def adapter(self) -> TransitionAdapter:
+        c = self.config
+        options: dict[str, object] = {}
+        if c.credit == "discounted":
+            options = {"gamma": c.gamma}
+        elif c.credit == "air":
+            options = {"alpha": c.air_alpha, "weights": dict(c.air_weights)}
+        return TransitionAdapter(credit=credit_assignment(c.credit, **options), agents=c.agents)
+
+    async def train(self, session: TrainingSession) -> dict[str, Any]:
+        from algorithms.policy import TrainablePolicy
+
+        c = self.config
+        start, model_dir = checkpoints.resume_point(session.output_dir, session.model_dir, session.resume)
+        policy = await asyncio.to_thread(
+            TrainablePolicy,
+            model_dir,
+            learning_rate=c.learning_rate,
+            reference=c.kl_beta > 0,
+            value_head=self.value_head,
+            lora=c.lora,
+        )
+        if start > 0:
+            policy.load_optimizer(model_dir)
+            session.policy.load_state(policy.state_dict(), start)
+        store = session.store
+        await store.update_resources(collect.POLICY_RESOURCES_ID, {"main_llm": session.policy.llm()})
+        log = await MetricsLog.start(store, self.name, c.model_dump())
+        log.on_step = session.on_step
+        sampler = collect.TaskSampler(session.train_tasks, c.tasks_per_step, seed=c.seed)
+        for _ in range(start):
+            sampler.draw()  # a resumed run continues with the tasks it would have drawn
+        rollout_config = RolloutConfig(
+            timeout_seconds=c.rollout_timeout, max_attempts=c.max_attempts, retry_condition=["failed", "timeout"]
+        )
+        adapter = self.adapter()
+        in_flight: list[str] = []
+        version = start
+        try:
+            if session.val_tasks and start < session.max_steps:
+                await log.log(start, await self._evaluate(session, start, rollout_config))
+            for step in range(start, session.max_steps):
+                started = time.perf_counter()
+                wanted = c.tasks_per_step * c.group_size
+                if c.asynchronous:
+                    while len(in_flight) < 2 * wanted:  # one batch running, one queued behind it
+                        in_flight += await collect.enqueue_groups(
+                            store, sampler.draw(), c.group_size, step=step, config=rollout_config
+                        )
+                    ids = await collect.take_finished(store, in_flight, wanted)
+                else:
+                    ids = await collect.enqueue_groups(
+                        store, sampler.draw(), c.group_size, step=step, config=rollout_config
+                    )
+                    await collect.wait_all(store, ids)
+                collected = time.perf_counter()
+                adapted = await adapter.read(store, ids)
+                transitions = adapted.transitions
+                stale = [t for t in transitions if (t.resources_version or 0) < version + 1 - c.max_staleness]
+                if c.asynchronous and stale:
+                    transitions = [t for t in transitions if t not in stale]
+                metrics = await asyncio.to_thread(self._step, policy, transitions)
+                adapted_at = time.perf_counter()
+                version += 1
+                session.policy.load_state(policy.state_dict(), version)
+                await store.update_resources(collect.POLICY_RESOURCES_ID, {"main_llm": session.policy.llm()})
+                rewards = [e for e in {t.rollout_id: t.final_reward for t in transitions}.values()]
+                metrics |= {
+                    "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+                    "reward_std": _std(rewards),
+                    "rollouts": float(len(ids)),
+                    "transitions": float(len(transitions)),
+                    "stale_dropped": float(len(stale) if c.asynchronous else 0),
+                    "staleness_max": float(
+                        max((version - 1 - (t.resources_version or 0) for t in transitions), default=0)
+                    ),
+                    "skipped_episodes": float(sum(v for k, v in adapted.skipped.items() if k != "other_agent_calls")),
+                    "collect_seconds": collected - started,
+                    "step_seconds": adapted_at - started,
+                    "version": float(version),
+                }
+                last = step + 1 == session.max_steps
+                if session.val_tasks and (last or (c.eval_every and (step + 1) % c.eval_every == 0)):
+                    metrics |= await self._evaluate(session, step + 1, rollout_config)
+                await log.log(step + 1, metrics)
+                if (c.save_every and (step + 1) % c.save_every == 0) or step + 1 == session.max_steps:
+                    await asyncio.to_thread(checkpoints.save, policy, session.output_dir, step + 1, c.keep_checkpoints)
+        except BaseException:
+            await log.finish("failed")
+            raise
+        await log.finish()
+        return {"steps": version, "history": log.history}
+
+    async def _evaluate(self, session: TrainingSession, step: int, config: RolloutConfig) -> dict[str, float]:
+        return await collect.evaluate(
+            session.store, session.val_tasks, self.config.eval_repeats, step=step, config=config
+        )
+
+    def _step(self, policy: Any, transitions: list[Any]) -> dict[str, float]:
+        from algorithms.update import UpdateSettings, measure, update
+
+        if not transitions:
+            return {"trained_transitions": 0.0}
+        c = self.config
+        rollouts = measure(policy, transitions, c.micro_batch_size)
+        estimate = self.advantages(transitions, rollouts)
+        metrics = dict(estimate.metrics)
+        metrics["trained_transitions"] = float(len(estimate.keep))
+        if not estimate.keep:
+            return metrics
+        settings = UpdateSettings(
+            clip_eps=c.clip_eps,
+            kl_beta=c.kl_beta,
+            micro_batch_size=c.micro_batch_size,
+            mini_batches=c.mini_batches,
+            epochs=c.epochs,
+            max_grad_norm=c.max_grad_norm,
+            seed=c.seed,
+            **self.update_options(),
+        )
+        kept = [transitions[i] for i in estimate.keep]
+        return metrics | update(
+            policy, kept, estimate.per_token, rollouts.select(estimate.keep), settings, estimate.returns
+        )
+
+    def update_options(self) -> dict[str, float]:
+        """Extra :class:`UpdateSettings` fields of a subclass (PPO's value loss)."""
+        return {}
+
+
+def _std(values: list[float]) -> float:
+    if not values:
+        return 0.0
+    mean = sum(values) / len(values)
+    return float((sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5)

@@ -1,0 +1,155 @@
+"""The policy being trained, on transformers: batching of transitions, per-token log-probabilities, a frozen
+reference policy for the KL term, an optional value head (PPO) and optional LoRA (peft).
+
+A transition is one LLM call, so a row is ``prompt ids + response ids`` with nothing masked inside: the
+response tokens are exactly the positions whose log-probabilities are trained.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+VALUE_HEAD_FILE = "value_head.pt"
+
+
+@dataclass
+class TokenBatch:
+    """Padded rows of ``prompt + response``. ``positions[i, t]`` is the index of the logits that predict
+    response token ``t`` of row ``i``; ``response_mask`` is 1 on real response tokens."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    positions: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+
+
+def token_batch(rows: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int) -> TokenBatch:
+    """Right-padded batch of ``(prompt_ids, response_ids)`` rows; every row needs at least one prompt token."""
+    length = max(len(p) + len(r) for p, r in rows)
+    longest = max(len(r) for _, r in rows)
+    input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), length), dtype=torch.long)
+    positions = torch.zeros((len(rows), longest), dtype=torch.long)
+    response_ids = torch.full((len(rows), longest), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((len(rows), longest))
+    for i, (prompt, response) in enumerate(rows):
+        if not prompt:
+            raise ValueError("a transition needs at least one prompt token")
+        n = len(prompt) + len(response)
+        input_ids[i, :n] = torch.tensor([*prompt, *response])
+        attention[i, :n] = 1
+        positions[i] = (len(prompt) - 1 + torch.arange(longest)).clamp(max=length - 1)
+        response_ids[i, : len(response)] = torch.tensor(list(response))
+        response_mask[i, : len(response)] = 1
+    return TokenBatch(input_ids, attention, positions, response_ids, response_mask)
+
+
+@dataclass
+class Forward:
+    """Per response token: log-probabilities ``[B, T]``, logits ``[B, T, V]``, values ``[B, T]`` (or None)."""
+
+    logprobs: torch.Tensor
+    logits: torch.Tensor
+    values: torch.Tensor | None
+
+
+class TrainablePolicy:
+    """A causal LM from ``model_dir`` with an AdamW optimizer, its frozen reference (when ``reference``), a
+    value head (when ``value_head``) and LoRA adapters (when ``lora`` gives peft ``LoraConfig`` options)."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        learning_rate: float,
+        reference: bool,
+        value_head: bool = False,
+        lora: dict[str, Any] | None = None,
+        weight_decay: float = 0.0,
+    ) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(model_dir)
+        model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.lora = lora is not None
+        if lora is not None:
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(model, LoraConfig(**lora))
+        self.model: Any = model
+        # With LoRA the reference is the base model with the adapters switched off: no second copy.
+        self.reference: Any = copy.deepcopy(model).eval() if reference and not self.lora else None
+        self.uses_reference = reference
+        if self.reference is not None:
+            self.reference.requires_grad_(False)
+        self.value_head: torch.nn.Linear | None = None
+        if value_head:
+            self.value_head = torch.nn.Linear(self.model.config.hidden_size, 1)
+            torch.nn.init.zeros_(self.value_head.weight)
+            torch.nn.init.zeros_(self.value_head.bias)
+            head = Path(model_dir) / VALUE_HEAD_FILE
+            if head.exists():
+                self.value_head.load_state_dict(torch.load(head, weights_only=True))
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.value_head is not None:
+            params += list(self.value_head.parameters())
+        self.optimizer = torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id: int = pad if pad is not None else (self.tokenizer.eos_token_id or 0)
+
+    def forward(self, batch: TokenBatch, *, reference: bool = False) -> Forward:
+        """Log-probabilities (and values) of the batch's response tokens under the policy or its reference."""
+        want_values = self.value_head is not None and not reference
+        if reference and self.lora:
+            with self.model.disable_adapter():
+                out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        else:
+            model = self.reference if reference else self.model
+            out = model(
+                input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=want_values
+            )
+        index = batch.positions
+        logits = torch.gather(out.logits, 1, index.unsqueeze(-1).expand(-1, -1, out.logits.shape[-1])).float()
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
+        values = None
+        if want_values and self.value_head is not None:
+            hidden = out.hidden_states[-1]
+            hidden = torch.gather(hidden, 1, index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+            values = self.value_head(hidden.float()).squeeze(-1)
+        return Forward(logprobs, logits, values)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The full model weights (LoRA merged in), as a policy server loads them."""
+        if self.lora:
+            merged: Any = copy.deepcopy(self.model).merge_and_unload()
+            state: dict[str, torch.Tensor] = merged.state_dict()
+            return state
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def save(self, directory: str | Path) -> Path:
+        """Save a checkpoint that ``from_pretrained`` (and this class) loads: merged weights, tokenizer, value
+        head, optimizer state."""
+        target = Path(directory)
+        target.mkdir(parents=True, exist_ok=True)
+        model: Any = copy.deepcopy(self.model).merge_and_unload() if self.lora else self.model
+        model.save_pretrained(target)
+        self.tokenizer.save_pretrained(target)
+        if self.value_head is not None:
+            torch.save(self.value_head.state_dict(), target / VALUE_HEAD_FILE)
+        torch.save(self.optimizer.state_dict(), target / "optimizer.pt")
+        return target
+
+    def load_optimizer(self, directory: str | Path) -> bool:
+        """Restore the optimizer state saved with a checkpoint (resuming); False when there is none."""
+        path = Path(directory) / "optimizer.pt"
+        if not path.exists() or self.lora:
+            return False
+        self.optimizer.load_state_dict(torch.load(path, weights_only=True))
+        return True

@@ -1,0 +1,69 @@
+"""A policy server in the trainer's process: the trainer hands it new weights in memory after each update.
+
+It runs :class:`PolicyServer` under uvicorn in a background thread on 127.0.0.1, so the runners' agents reach
+it over HTTP (through the store's LLM proxy) exactly as they would reach vLLM, while a weight swap costs a
+``load_state_dict`` instead of a checkpoint round trip.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from algorithms.serving.policy_server import PolicyServer
+from lightning_store.resources import LLM
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class LocalPolicy:
+    """Serves ``model_dir`` as ``model_name``; ``start()`` returns once it answers. Implements
+    ``algorithms.session.ServedPolicy``."""
+
+    def __init__(self, model_dir: str | Path, *, model_name: str = "policy", port: int | None = None) -> None:
+        self.server = PolicyServer(model_dir, model_name=model_name)
+        self.port = port or free_port()
+        self._uvicorn = uvicorn.Server(
+            uvicorn.Config(self.server.app(), host="127.0.0.1", port=self.port, log_level="warning")
+        )
+        self._thread = threading.Thread(target=self._uvicorn.run, name="policy-server", daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self, timeout: float = 30.0) -> LocalPolicy:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._uvicorn.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError(f"the policy server did not start on port {self.port}")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        self._uvicorn.should_exit = True
+        self._thread.join(timeout=10)
+
+    def llm(self) -> LLM:
+        return LLM(endpoint=self.base_url, model=self.server.model_name, sampling_parameters={"temperature": 1.0})
+
+    def load_state(self, state: Mapping[str, Any], version: int) -> None:
+        self.server.load_state(state, version)
+
+    def __enter__(self) -> LocalPolicy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

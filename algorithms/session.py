@@ -1,0 +1,92 @@
+"""What an algorithm trains with: the store, the tasks, the model, where checkpoints go, how the served
+policy is updated, and where metrics are logged.
+
+Metrics are written into the store itself: a training run is a rollout (``metadata.training_run`` names the
+algorithm) whose spans ``lightning_store.train.step`` carry one step's metrics as ``metric.<name>``
+attributes, so that a run can be analysed with SQL next to the rollouts it produced.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from lightning_store.contract import LightningStore
+from lightning_store.models import AttemptedRollout
+from lightning_store.resources import LLM
+from lightning_store.spans import Span
+
+STEP_SPAN = "lightning_store.train.step"
+
+
+class ServedPolicy(Protocol):
+    """The server that answers the agents' LLM calls with the policy being trained."""
+
+    def llm(self) -> LLM:
+        """The LLM resource that points at it (endpoint and model name)."""
+        ...
+
+    def load_state(self, state: Mapping[str, Any], version: int) -> None:
+        """Serve these weights from now on (called between steps)."""
+        ...
+
+
+@dataclass
+class MetricsLog:
+    """Step metrics: written as spans of the run's rollout, and passed to ``on_step`` (the progress display)."""
+
+    store: LightningStore
+    run: AttemptedRollout
+    on_step: Callable[[int, dict[str, float]], None] = lambda step, metrics: None
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    @classmethod
+    async def start(cls, store: LightningStore, algorithm: str, config: Mapping[str, Any]) -> MetricsLog:
+        run = await store.start_rollout(
+            {"algorithm": algorithm, "config": dict(config)}, metadata={"training_run": algorithm}
+        )
+        return cls(store, run)
+
+    async def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        values = {k: float(v) for k, v in metrics.items()}
+        self.history.append({"step": float(step), **values})
+        sequence = await self.store.get_next_span_sequence_id(self.run.rollout_id, self.run.attempt.attempt_id)
+        now = time.time()
+        await self.store.add_span(
+            Span(
+                rollout_id=self.run.rollout_id,
+                attempt_id=self.run.attempt.attempt_id,
+                sequence_id=sequence,
+                trace_id=self.run.rollout_id.encode().hex()[:32].ljust(32, "0"),
+                span_id=f"{step:016x}",
+                name=STEP_SPAN,
+                start_time=now,
+                end_time=now,
+                attributes={"step": step, **{f"metric.{k}": v for k, v in values.items()}},
+            )
+        )
+        self.on_step(step, values)
+
+    async def finish(self, status: str = "succeeded") -> None:
+        await self.store.update_attempt(
+            self.run.rollout_id, self.run.attempt.attempt_id, status="succeeded" if status == "succeeded" else "failed"
+        )
+
+
+@dataclass
+class TrainingSession:
+    """Everything ``Algorithm.train`` needs. ``output_dir`` receives checkpoints (``step-N``) and is where a
+    resumed run continues from; ``max_steps`` bounds the run."""
+
+    store: LightningStore
+    train_tasks: Sequence[Any]
+    model_dir: Path
+    output_dir: Path
+    policy: ServedPolicy
+    val_tasks: Sequence[Any] = ()
+    max_steps: int = 10
+    resume: bool = True
+    on_step: Callable[[int, dict[str, float]], None] = lambda step, metrics: None
