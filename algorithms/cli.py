@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
@@ -121,9 +122,14 @@ def train(
     resume: Annotated[bool, typer.Option(help="Continue from the newest checkpoint in --output.")] = True,
 ) -> None:
     """Train an agent: store, policy server, runners and trainer on this machine."""
-    algorithm_class = load_algorithm(algorithm)
-    options = read_config(config)
-    instance = algorithm_class(**options)
+    try:
+        algorithm_class = load_algorithm(algorithm)
+    except KeyError as error:
+        raise typer.BadParameter(str(error.args[0]), param_hint="--algorithm") from None
+    try:
+        instance = algorithm_class(**read_config(config))
+    except ValidationError as error:
+        raise typer.BadParameter(str(error), param_hint="--config") from None
     tasks = read_tasks(train_file)
     val_tasks = read_tasks(val_file) if val_file else []
     output.mkdir(parents=True, exist_ok=True)

@@ -105,7 +105,9 @@ class LightningRL(Algorithm):
             policy.load_optimizer(model_dir)
             session.policy.load_state(policy.state_dict(), start)
         store = session.store
-        await store.update_resources(collect.POLICY_RESOURCES_ID, {"main_llm": session.policy.llm()})
+        # The store's version of the policy resources is what the proxy stamps on each LLM call: staleness is
+        # measured against it (it keeps counting across runs on the same store).
+        published = await store.update_resources(collect.POLICY_RESOURCES_ID, {"main_llm": session.policy.llm()})
         log = await MetricsLog.start(store, self.name, c.model_dump())
         log.on_step = session.on_step
         sampler = collect.TaskSampler(session.train_tasks, c.tasks_per_step, seed=c.seed)
@@ -137,14 +139,17 @@ class LightningRL(Algorithm):
                 collected = time.perf_counter()
                 adapted = await adapter.read(store, ids)
                 transitions = adapted.transitions
-                stale = [t for t in transitions if (t.resources_version or 0) < version + 1 - c.max_staleness]
+                behind = {id(t): published.version - (t.resources_version or 0) for t in transitions}
+                stale = [t for t in transitions if behind[id(t)] > c.max_staleness]
                 if c.asynchronous and stale:
                     transitions = [t for t in transitions if t not in stale]
                 metrics = await asyncio.to_thread(self._step, policy, transitions)
                 adapted_at = time.perf_counter()
                 version += 1
                 session.policy.load_state(policy.state_dict(), version)
-                await store.update_resources(collect.POLICY_RESOURCES_ID, {"main_llm": session.policy.llm()})
+                published = await store.update_resources(
+                    collect.POLICY_RESOURCES_ID, {"main_llm": session.policy.llm()}
+                )
                 rewards = [e for e in {t.rollout_id: t.final_reward for t in transitions}.values()]
                 metrics |= {
                     "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
@@ -152,9 +157,7 @@ class LightningRL(Algorithm):
                     "rollouts": float(len(ids)),
                     "transitions": float(len(transitions)),
                     "stale_dropped": float(len(stale) if c.asynchronous else 0),
-                    "staleness_max": float(
-                        max((version - 1 - (t.resources_version or 0) for t in transitions), default=0)
-                    ),
+                    "staleness_max": float(max((behind[id(t)] for t in transitions), default=0)),
                     "skipped_episodes": float(sum(v for k, v in adapted.skipped.items() if k != "other_agent_calls")),
                     "collect_seconds": collected - started,
                     "step_seconds": adapted_at - started,

@@ -1,0 +1,57 @@
+"""``store train`` end to end as a user runs it: a subprocess that serves the store on SQLite, starts the runner
+and the policy server, trains, checkpoints, and resumes from the checkpoint when run again."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.learning import TRAIN_TASKS, VAL_TASKS, build_tool_namer
+
+pytestmark = pytest.mark.slow
+
+
+def store_train(tmp_path: Path, steps: int) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "lightning_store.cli", "train", "--algorithm", "grpo"]
+    argv += ["--agent", "tests.flight_agent:flight_agent", "--model", str(tmp_path / "model")]
+    argv += ["--train", str(tmp_path / "train.jsonl"), "--val", str(tmp_path / "val.jsonl")]
+    argv += ["--config", str(tmp_path / "grpo.yaml"), "--steps", str(steps), "--workers", "2"]
+    argv += ["--output", str(tmp_path / "run")]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=Path(__file__).parents[2])
+
+
+def test_store_train_runs_checkpoints_and_resumes(tmp_path: Path) -> None:
+    build_tool_namer(tmp_path / "model", steps=20)
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TRAIN_TASKS[:2]))
+    (tmp_path / "val.jsonl").write_text(json.dumps(VAL_TASKS[0]) + "\n")
+    (tmp_path / "grpo.yaml").write_text("tasks_per_step: 2\ngroup_size: 2\neval_repeats: 2\nlearning_rate: 1.0e-4\n")
+    first = store_train(tmp_path, steps=1)
+    assert first.returncode == 0, first.stderr[-3000:]
+    steps_logged = [json.loads(line) for line in first.stderr.splitlines() if line.startswith('{"event": "step"')]
+    assert [s["step"] for s in steps_logged] == [0, 1] and "val_reward" in steps_logged[-1]
+    assert (tmp_path / "run" / "step-1" / "config.json").exists()
+
+    second = store_train(tmp_path, steps=2)  # resumes at step 1 and runs one more
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert (tmp_path / "run" / "step-2" / "config.json").exists()
+    with sqlite3.connect(tmp_path / "run" / "store.db") as db:
+        logged = db.execute(
+            "SELECT json_extract(attributes, '$.step') FROM spans WHERE name = 'lightning_store.train.step'"
+            " ORDER BY start_time"
+        ).fetchall()
+    assert [row[0] for row in logged] == [0, 1, 1, 2]  # each run logs its starting evaluation, then its steps
+
+
+def test_bad_config_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    build_tool_namer(tmp_path / "model", steps=1)
+    (tmp_path / "train.jsonl").write_text(json.dumps(TRAIN_TASKS[0]) + "\n")
+    (tmp_path / "val.jsonl").write_text(json.dumps(VAL_TASKS[0]) + "\n")
+    (tmp_path / "grpo.yaml").write_text("group_sise: 2\n")
+    result = store_train(tmp_path, steps=1)
+    assert result.returncode != 0 and "group_sise" in result.stderr
+    assert not (tmp_path / "run").exists()
