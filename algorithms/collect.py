@@ -94,15 +94,17 @@ async def wait_all(store: LightningStore, rollout_ids: Sequence[str], *, timeout
 
 async def take_finished(store: LightningStore, in_flight: list[str], wanted: int) -> list[str]:
     """Asynchronous mode: wait until at least ``wanted`` of ``in_flight`` are terminal and return those (all
-    that are terminal, in enqueue order); they are removed from ``in_flight``."""
+    that are terminal, in enqueue order); they are removed from ``in_flight``. The store wakes the wait only
+    when all are terminal, so a partial batch is checked once a second."""
+    timeout = 0.0
     while True:
-        done = await store.wait_for_rollouts(rollout_ids=list(in_flight), timeout=0.0)
+        done = await store.wait_for_rollouts(rollout_ids=list(in_flight), timeout=timeout)
         if len(done) >= wanted or len(done) == len(in_flight):
             finished = {r.rollout_id for r in done}
             taken = [r for r in in_flight if r in finished]
             in_flight[:] = [r for r in in_flight if r not in finished]
             return taken
-        await store.wait_for_rollouts(rollout_ids=list(in_flight), timeout=1.0)
+        timeout = 1.0
 
 
 async def evaluate(

@@ -118,7 +118,6 @@ class LightningRL(Algorithm):
         )
         adapter = self.adapter()
         in_flight: list[str] = []
-        version = start
         try:
             if session.val_tasks and start < session.max_steps:
                 await log.log(start, await self._evaluate(session, start, rollout_config))
@@ -139,29 +138,28 @@ class LightningRL(Algorithm):
                 collected = time.perf_counter()
                 adapted = await adapter.read(store, ids)
                 transitions = adapted.transitions
-                behind = {id(t): published.version - (t.resources_version or 0) for t in transitions}
-                stale = [t for t in transitions if behind[id(t)] > c.max_staleness]
-                if c.asynchronous and stale:
-                    transitions = [t for t in transitions if t not in stale]
+                lags = [published.version - (t.resources_version or 0) for t in transitions]
+                stale = sum(lag > c.max_staleness for lag in lags) if c.asynchronous else 0
+                if stale:
+                    transitions = [t for t, lag in zip(transitions, lags, strict=True) if lag <= c.max_staleness]
                 metrics = await asyncio.to_thread(self._step, policy, transitions)
                 adapted_at = time.perf_counter()
-                version += 1
-                session.policy.load_state(policy.state_dict(), version)
+                session.policy.load_state(policy.state_dict(), step + 1)
                 published = await store.update_resources(
                     collect.POLICY_RESOURCES_ID, {"main_llm": session.policy.llm()}
                 )
-                rewards = [e for e in {t.rollout_id: t.final_reward for t in transitions}.values()]
+                rewards = list({t.rollout_id: t.final_reward for t in transitions}.values())
                 metrics |= {
                     "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
                     "reward_std": _std(rewards),
                     "rollouts": float(len(ids)),
                     "transitions": float(len(transitions)),
-                    "stale_dropped": float(len(stale) if c.asynchronous else 0),
-                    "staleness_max": float(max((behind[id(t)] for t in transitions), default=0)),
+                    "stale_dropped": float(stale),
+                    "staleness_max": float(max(lags, default=0)),
                     "skipped_episodes": float(sum(v for k, v in adapted.skipped.items() if k != "other_agent_calls")),
                     "collect_seconds": collected - started,
                     "step_seconds": adapted_at - started,
-                    "version": float(version),
+                    "version": float(published.version),
                 }
                 last = step + 1 == session.max_steps
                 if session.val_tasks and (last or (c.eval_every and (step + 1) % c.eval_every == 0)):
@@ -170,10 +168,10 @@ class LightningRL(Algorithm):
                 if (c.save_every and (step + 1) % c.save_every == 0) or step + 1 == session.max_steps:
                     await asyncio.to_thread(checkpoints.save, policy, session.output_dir, step + 1, c.keep_checkpoints)
         except BaseException:
-            await log.finish("failed")
+            await log.finish(succeeded=False)
             raise
-        await log.finish()
-        return {"steps": version, "history": log.history}
+        await log.finish(succeeded=True)
+        return {"steps": max(start, session.max_steps), "history": log.history}
 
     async def _evaluate(self, session: TrainingSession, step: int, config: RolloutConfig) -> dict[str, float]:
         return await collect.evaluate(

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from lightning_store.contract import LightningStore
-from lightning_store.models import AttemptedRollout
+from lightning_store.models import AttemptedRollout, AttemptStatus
 from lightning_store.resources import LLM
 from lightning_store.spans import Span
 
@@ -70,10 +70,9 @@ class MetricsLog:
         )
         self.on_step(step, values)
 
-    async def finish(self, status: str = "succeeded") -> None:
-        await self.store.update_attempt(
-            self.run.rollout_id, self.run.attempt.attempt_id, status="succeeded" if status == "succeeded" else "failed"
-        )
+    async def finish(self, *, succeeded: bool) -> None:
+        status: AttemptStatus = "succeeded" if succeeded else "failed"
+        await self.store.update_attempt(self.run.rollout_id, self.run.attempt.attempt_id, status=status)
 
 
 @dataclass
