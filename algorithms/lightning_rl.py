@@ -89,17 +89,20 @@ class LightningRL(Algorithm):
         return TransitionAdapter(credit=credit_assignment(c.credit, **options), agents=c.agents)
 
     async def train(self, session: TrainingSession) -> dict[str, Any]:
-        from algorithms.policy import TrainablePolicy
+        from algorithms.policy import ADAPTER_DIR, TrainablePolicy
 
         c = self.config
         start, model_dir = checkpoints.resume_point(session.output_dir, session.model_dir, session.resume)
+        # With LoRA a resumed run loads the saved adapters on top of the initial model (its KL reference).
+        adapter_dir = model_dir / ADAPTER_DIR if c.lora is not None and start > 0 else None
         policy = await asyncio.to_thread(
             TrainablePolicy,
-            model_dir,
+            session.model_dir if adapter_dir else model_dir,
             learning_rate=c.learning_rate,
             reference=c.kl_beta > 0,
             value_head=self.value_head,
             lora=c.lora,
+            adapter_dir=adapter_dir,
         )
         if start > 0:
             policy.load_optimizer(model_dir)
@@ -142,6 +145,7 @@ class LightningRL(Algorithm):
                 stale = sum(lag > c.max_staleness for lag in lags) if c.asynchronous else 0
                 if stale:
                     transitions = [t for t, lag in zip(transitions, lags, strict=True) if lag <= c.max_staleness]
+                    lags = [lag for lag in lags if lag <= c.max_staleness]
                 metrics = await asyncio.to_thread(self._step, policy, transitions)
                 adapted_at = time.perf_counter()
                 session.policy.load_state(policy.state_dict(), step + 1)

@@ -8,6 +8,7 @@ response tokens are exactly the positions whose log-probabilities are trained.
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 VALUE_HEAD_FILE = "value_head.pt"
+ADAPTER_DIR = "adapter"
 
 
 @dataclass
@@ -72,6 +74,7 @@ class TrainablePolicy:
         reference: bool,
         value_head: bool = False,
         lora: dict[str, Any] | None = None,
+        adapter_dir: str | Path | None = None,
         weight_decay: float = 0.0,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -80,9 +83,7 @@ class TrainablePolicy:
         model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.lora = lora is not None
         if lora is not None:
-            from peft import LoraConfig, get_peft_model
-
-            model = get_peft_model(model, LoraConfig(**lora))
+            model = _with_lora(model, lora, adapter_dir)
         self.model: Any = model
         # With LoRA the reference is the base model with the adapters switched off: no second copy.
         self.reference: Any = copy.deepcopy(model).eval() if reference and not self.lora else None
@@ -94,7 +95,8 @@ class TrainablePolicy:
             self.value_head = torch.nn.Linear(self.model.config.hidden_size, 1)
             torch.nn.init.zeros_(self.value_head.weight)
             torch.nn.init.zeros_(self.value_head.bias)
-            head = Path(model_dir) / VALUE_HEAD_FILE
+            checkpoint = Path(adapter_dir).parent if adapter_dir is not None else Path(model_dir)
+            head = checkpoint / VALUE_HEAD_FILE
             if head.exists():
                 self.value_head.load_state_dict(torch.load(head, weights_only=True))
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -135,9 +137,12 @@ class TrainablePolicy:
 
     def save(self, directory: str | Path) -> Path:
         """Save a checkpoint that ``from_pretrained`` (and this class) loads: merged weights, tokenizer, value
-        head, optimizer state."""
+        head, optimizer state; with LoRA also the adapters alone in ``adapter/`` (what a resumed run loads on
+        top of the base model, which stays its reference)."""
         target = Path(directory)
         target.mkdir(parents=True, exist_ok=True)
+        if self.lora:
+            self.model.save_pretrained(target / ADAPTER_DIR)
         model: Any = copy.deepcopy(self.model).merge_and_unload() if self.lora else self.model
         model.save_pretrained(target)
         self.tokenizer.save_pretrained(target)
@@ -149,7 +154,19 @@ class TrainablePolicy:
     def load_optimizer(self, directory: str | Path) -> bool:
         """Restore the optimizer state saved with a checkpoint (resuming); False when there is none."""
         path = Path(directory) / "optimizer.pt"
-        if not path.exists() or self.lora:
+        if not path.exists():
             return False
         self.optimizer.load_state_dict(torch.load(path, weights_only=True))
         return True
+
+
+def _with_lora(model: Any, lora: dict[str, Any], adapter_dir: str | Path | None) -> Any:
+    """``model`` with new LoRA adapters, or (resuming) with the ones saved in ``adapter_dir``."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    with warnings.catch_warnings():
+        # peft 0.21 reads transformers 5's deprecated `is_gradient_checkpointing`; nothing for us to change
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        if adapter_dir is not None:
+            return PeftModel.from_pretrained(model, adapter_dir, is_trainable=True)
+        return get_peft_model(model, LoraConfig(**lora))

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from algorithms.base import Algorithm
+from algorithms.serving.batching import SamplingRequest, generate_batch
 from algorithms.serving.local import LocalPolicy
+from algorithms.serving.policy_server import PolicyServer
 from algorithms.serving.tiny_model import CHAT_TEMPLATE, build_tiny_model
 from algorithms.session import TrainingSession
 from lightning_store.sql import SqlStore
@@ -38,30 +40,39 @@ TRAIN_TASKS = [{"task_id": f"q{i}", "question": q, "steps": 1, "max_tokens": 4} 
 VAL_TASKS = [{"task_id": f"v{i}", "question": q, "steps": 1, "max_tokens": 4} for i, q in enumerate(QUESTIONS[8:])]
 
 
-def prompt_ids(tokenizer: Any, question: str) -> list[int]:
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+def prompt_ids(tokenizer: Any, question: str, system: str = SYSTEM) -> list[int]:
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
     return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
 
 
-def build_tool_namer(path: Path, *, steps: int = 120, seed: int = 0) -> Path:
+def build_tool_namer(
+    path: Path,
+    *,
+    steps: int = 120,
+    seed: int = 0,
+    roles: Sequence[tuple[str, Sequence[str]]] = ((SYSTEM, NAMES),),
+) -> Path:
     """A tiny Qwen2 fine-tuned to answer the flight prompt with one tool name, each about a third of the time
-    (the maximum-likelihood fit of a uniform mixture): the untrained starting point of the learning tests."""
+    (the maximum-likelihood fit of a uniform mixture): the untrained starting point of the learning tests.
+    ``roles`` lists (system prompt, answers) pairs; each is learnt the same way (answers equally likely)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    corpus = [SYSTEM, *QUESTIONS, *NAMES, CHAT_TEMPLATE]
+    answers = [answer for _, role_answers in roles for answer in role_answers]
+    corpus = [*(system for system, _ in roles), *QUESTIONS, *answers, CHAT_TEMPLATE]
     build_tiny_model(path, corpus=corpus, vocab_size=384, hidden_size=64, layers=2, heads=4, seed=seed)
     tokenizer: Any = AutoTokenizer.from_pretrained(path)
     model: Any = AutoModelForCausalLM.from_pretrained(path)
     rows = []
-    for question in QUESTIONS:
-        prompt = prompt_ids(tokenizer, question)
-        for name in NAMES:
-            rows.append((prompt, [*tokenizer(name)["input_ids"], tokenizer.eos_token_id]))
+    for system, role_answers in roles:
+        for question in QUESTIONS:
+            prompt = prompt_ids(tokenizer, question, system)
+            for answer in role_answers:
+                rows.append((prompt, [*tokenizer(answer)["input_ids"], tokenizer.eos_token_id]))
     torch.manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     rng = random.Random(seed)
     model.train()
-    for _ in range(steps):
+    for _ in range(steps * len(roles)):
         batch = rng.sample(rows, 18)
         length = max(len(p) + len(r) for p, r in batch)
         ids = torch.full((len(batch), length), tokenizer.pad_token_id)
@@ -79,6 +90,24 @@ def build_tool_namer(path: Path, *, steps: int = 120, seed: int = 0) -> Path:
     return path
 
 
+def answer_rate(
+    model_dir: Path, system: str, accept: Callable[[str], bool], *, questions: Sequence[str], samples: int = 64
+) -> float:
+    """The share of sampled replies (temperature 1, fixed seeds) to ``system`` + each question that ``accept``
+    takes: how an agent behaves, measured on the model itself rather than through a training run."""
+    server = PolicyServer(model_dir)
+    requests = [
+        SamplingRequest(prompt_ids(server.tokenizer, question, system), max_tokens=4, seed=seed)
+        for question in questions
+        for seed in range(samples)
+    ]
+    with torch.no_grad():
+        generations = generate_batch(
+            server.model, requests, stop_token_ids=server.stop_token_ids, pad_token_id=server.pad_token_id
+        )
+    return sum(accept(server.text(g.token_ids)) for g in generations) / len(generations)
+
+
 async def train(
     algorithm: Algorithm,
     *,
@@ -90,10 +119,11 @@ async def train(
     workers: int = 4,
     train_tasks: Sequence[Any] = TRAIN_TASKS,
     val_tasks: Sequence[Any] = VAL_TASKS,
+    agent: str = "tests.flight_agent:flight_agent",
 ) -> dict[str, Any]:
-    """Train with ``store run``'s Python API running the flight agent; the algorithm's summary."""
+    """Train with ``store run``'s Python API running ``agent`` (the flight agent); the algorithm's summary."""
     runner = Runner(
-        "tests.flight_agent:flight_agent",
+        agent,
         url,
         workers=workers,
         heartbeat_interval=1.0,

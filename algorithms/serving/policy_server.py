@@ -3,9 +3,12 @@
 It answers ``/v1/chat/completions`` and ``/v1/completions`` (streaming too) and, like vLLM with
 ``return_token_ids``, reports the exact token ids: ``prompt_token_ids`` (top level for chat, in the choice for
 completions) and ``choices[i].token_ids``; with ``logprobs`` it reports each sampled token's log-probability
-under the model (log-softmax of the raw logits, before temperature). Generation runs in a worker thread, one
-request at a time, so the event loop keeps serving; ``swap_weights`` (a checkpoint) and ``load_state`` (weights
-in memory, from a trainer in the same process) take effect between two generations, never during one.
+under the model (log-softmax of the raw logits, before temperature). Concurrent requests are decoded together
+in batches (:mod:`algorithms.serving.batching`) in a worker thread, so the event loop keeps serving;
+``swap_weights`` (a checkpoint) and ``load_state`` (weights in memory, from a trainer in the same process) take
+effect between two batches, never during one. Invalid sampling settings get a 400 naming the field.
+
+Not supported (refused or ignored as noted): ``n`` > 1 (400), ``stop`` strings (ignored), tool-call parsing.
 """
 
 from __future__ import annotations
@@ -15,27 +18,22 @@ import json
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-
-@dataclass
-class Generation:
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str
+from algorithms.serving.batching import Generation, SamplingError, SamplingRequest, generate_batch
 
 
 class PolicyServer:
-    """Serves the causal LM in ``model_dir`` under the name ``model_name``."""
+    """Serves the causal LM in ``model_dir`` under the name ``model_name``, decoding up to ``max_batch_size``
+    requests at once (1: one at a time)."""
 
-    def __init__(self, model_dir: str | Path, *, model_name: str | None = None) -> None:
+    def __init__(self, model_dir: str | Path, *, model_name: str | None = None, max_batch_size: int = 32) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -46,8 +44,18 @@ class PolicyServer:
         model: Any = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
         self.model: Any = model.eval()
         self.version = 0
-        self._lock = asyncio.Lock()
-        self._weights = threading.Lock()  # held by a generation and by a weight swap (which come from other threads)
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be at least 1")
+        self.max_batch_size = max_batch_size
+        eos = model.generation_config.eos_token_id
+        self.stop_token_ids = {self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
+        self.pad_token_id: int = self.tokenizer.pad_token_id
+        if self.pad_token_id is None:
+            self.pad_token_id = self.tokenizer.eos_token_id
+        self.batch_sizes: Counter[int] = Counter()  # how many batches of each size were decoded
+        self._pending: list[tuple[SamplingRequest, asyncio.Future[Generation]]] = []
+        self._decoding: asyncio.Task[None] | None = None
+        self._weights = threading.Lock()  # held by a batch and by a weight swap (which come from other threads)
 
     def swap_weights(self, model_dir: str | Path) -> None:
         """Load a new checkpoint of the same architecture."""
@@ -64,39 +72,37 @@ class PolicyServer:
             self.model.load_state_dict(state)
             self.version = self.version + 1 if version is None else version
 
-    def _generate(self, prompt_ids: list[int], body: dict[str, Any]) -> Generation:
-        import torch
-
-        max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 64)
-        temperature = float(body.get("temperature", 1.0))
-        if body.get("seed") is not None:
-            torch.manual_seed(int(body["seed"]))
-        inputs = torch.tensor([prompt_ids])
-        sampling: dict[str, Any] = {"do_sample": temperature > 0}
-        if temperature > 0:
-            sampling.update(temperature=temperature, top_p=float(body.get("top_p", 1.0)), top_k=0)
-        with torch.no_grad(), self._weights:
-            out = self.model.generate(
-                inputs,
-                attention_mask=torch.ones_like(inputs),
-                max_new_tokens=max_tokens,
-                return_dict_in_generate=True,
-                output_logits=True,
-                eos_token_id=self.tokenizer.eos_token_id,
-                pad_token_id=self.tokenizer.pad_token_id,
-                **sampling,
+    def _generate_batch(self, requests: list[SamplingRequest]) -> list[Generation]:
+        with self._weights:
+            return generate_batch(
+                self.model, requests, stop_token_ids=self.stop_token_ids, pad_token_id=self.pad_token_id
             )
-        new_ids = out.sequences[0, len(prompt_ids) :].tolist()
-        logprobs = [
-            float(torch.log_softmax(step_logits[0].float(), dim=-1)[token])
-            for step_logits, token in zip(out.logits, new_ids, strict=False)
-        ]
-        finish = "stop" if new_ids and new_ids[-1] == self.tokenizer.eos_token_id else "length"
-        return Generation(prompt_ids, new_ids, logprobs, finish)
 
-    async def generate(self, prompt_ids: list[int], body: dict[str, Any]) -> Generation:
-        async with self._lock:
-            return await asyncio.to_thread(self._generate, prompt_ids, body)
+    async def generate(self, request: SamplingRequest) -> Generation:
+        """Queue ``request``; it is decoded in the next batch, with every other request waiting by then."""
+        future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
+        self._pending.append((request, future))
+        if self._decoding is None or self._decoding.done():
+            self._decoding = asyncio.create_task(self._decode_pending())
+        return await future
+
+    async def _decode_pending(self) -> None:
+        # Requests that arrive while a batch decodes wait for the next one: a lone request starts at once, and
+        # under load the batch grows to whatever queued, up to max_batch_size.
+        while self._pending:
+            batch = self._pending[: self.max_batch_size]
+            del self._pending[: len(batch)]
+            self.batch_sizes[len(batch)] += 1
+            try:
+                results = await asyncio.to_thread(self._generate_batch, [request for request, _ in batch])
+            except Exception as exc:  # the model failed: every request of the batch gets the error
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (_, future), result in zip(batch, results, strict=True):
+                if not future.done():  # a client that went away cancelled its future
+                    future.set_result(result)
 
     def text(self, token_ids: list[int]) -> str:
         return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
@@ -110,34 +116,51 @@ class PolicyServer:
 
         @app.post("/v1/chat/completions")
         async def chat(request: Request) -> Any:
-            body = await request.json()
+            body = await _json_object(request)
+            if isinstance(body, JSONResponse):
+                return body
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
-                return JSONResponse({"error": {"message": "messages must be a non-empty list"}}, status_code=400)
+                return _bad_request("messages must be a non-empty list", "messages")
             prompt_ids = list(
                 self.tokenizer.apply_chat_template(
                     messages, add_generation_prompt=True, tokenize=True, return_dict=False
                 )
             )
-            generation = await self.generate(prompt_ids, body)
+            generation = await self._answer(prompt_ids, body)
+            if isinstance(generation, JSONResponse):
+                return generation
             if body.get("stream"):
                 return StreamingResponse(self._chat_stream(generation, body), media_type="text/event-stream")
             return self._chat_response(generation, body)
 
         @app.post("/v1/completions")
         async def completions(request: Request) -> Any:
-            body = await request.json()
+            body = await _json_object(request)
+            if isinstance(body, JSONResponse):
+                return body
             prompt = body.get("prompt")
             if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
                 prompt_ids = list(prompt)
             elif isinstance(prompt, str):
                 prompt_ids = list(self.tokenizer(prompt)["input_ids"])
             else:
-                return JSONResponse({"error": {"message": "prompt must be a string or token ids"}}, status_code=400)
-            generation = await self.generate(prompt_ids, body)
+                return _bad_request("prompt must be a string or token ids", "prompt")
+            generation = await self._answer(prompt_ids, body)
+            if isinstance(generation, JSONResponse):
+                return generation
             return self._completion_response(generation, body)
 
         return app
+
+    async def _answer(self, prompt_ids: list[int], body: dict[str, Any]) -> Generation | JSONResponse:
+        try:
+            if body.get("n") not in (None, 1):
+                raise SamplingError("n", "only n=1 is supported; send several requests (they are batched)")
+            request = SamplingRequest.from_body(prompt_ids, body)
+        except SamplingError as exc:
+            return _bad_request(str(exc), exc.field)
+        return await self.generate(request)
 
     def _envelope(self, kind: str) -> dict[str, Any]:
         return {"id": f"{kind}-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.model_name}
@@ -222,3 +245,17 @@ class PolicyServer:
             "choices": [choice],
             "usage": self._usage(generation),
         }
+
+
+def _bad_request(message: str, field: str) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"message": message, "type": "invalid_request_error", "param": field}}, status_code=400
+    )
+
+
+async def _json_object(request: Request) -> dict[str, Any] | JSONResponse:
+    try:
+        body = await request.json()
+    except ValueError:
+        return _bad_request("the body is not valid JSON", "body")
+    return body if isinstance(body, dict) else _bad_request("the body must be a JSON object", "body")

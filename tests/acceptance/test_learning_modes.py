@@ -1,0 +1,60 @@
+"""GRPO on the cancelled-flight agent (see test_learning.py) in its two other modes: asynchronous collection,
+which trains on rollouts sampled by an older policy version and drops the too-stale ones, and LoRA, which trains
+adapters only (the reference policy is the base model with the adapters switched off)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from algorithms.builtin import GRPO
+from algorithms.policy import ADAPTER_DIR
+from lightning_store.sql import SqlStore
+from tests.learning import build_tool_namer, train
+
+pytestmark = pytest.mark.slow
+
+COMMON: dict[str, Any] = {"tasks_per_step": 8, "group_size": 8, "kl_beta": 0.04, "eval_repeats": 16}
+
+
+async def test_asynchronous_grpo_learns_from_slightly_stale_rollouts(
+    tmp_path: Path, served: tuple[SqlStore, str]
+) -> None:
+    store, url = served
+    model = build_tool_namer(tmp_path / "model")
+    algorithm = GRPO(**COMMON, learning_rate=2e-4, asynchronous=True, max_staleness=1)
+    summary = await train(algorithm, store=store, url=url, model_dir=model, output_dir=tmp_path / "out", steps=40)
+    history = summary["history"]
+    before, after = history[0]["val_reward"], history[-1]["val_reward"]
+    assert before < 0.5 and after >= 0.8, f"asynchronous GRPO moved the Memory-first rate from {before} to {after}"
+    steps = [h for h in history if "staleness_max" in h]
+    assert max(h["staleness_max"] for h in steps) == 1, "a queued batch is trained one version after it was sampled"
+    assert all(h["staleness_max"] <= 1 for h in steps)
+
+
+async def test_lora_grpo_learns_and_saves_merged_weights_and_adapters(
+    tmp_path: Path, served: tuple[SqlStore, str]
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    store, url = served
+    model = build_tool_namer(tmp_path / "model")
+    targets = ["q_proj", "v_proj", "o_proj"]
+    lora = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": targets}
+    algorithm = GRPO(**COMMON, learning_rate=2e-3, lora=lora)
+    out = tmp_path / "out"
+    summary = await train(algorithm, store=store, url=url, model_dir=model, output_dir=out, steps=40)
+    history = summary["history"]
+    before, after = history[0]["val_reward"], history[-1]["val_reward"]
+    assert before < 0.5 and after >= 0.8, f"LoRA GRPO moved the Memory-first rate from {before} to {after}"
+
+    final = out / "step-40"
+    assert (final / ADAPTER_DIR / "adapter_config.json").exists()
+    merged = AutoModelForCausalLM.from_pretrained(final).state_dict()
+    base = AutoModelForCausalLM.from_pretrained(model).state_dict()
+    assert not any("lora" in key for key in merged), "the checkpoint is a plain model"
+    changed = {key for key in base if not torch.equal(base[key], merged[key])}
+    assert changed and all(any(m in key for m in targets) for key in changed), changed

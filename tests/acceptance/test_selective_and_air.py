@@ -1,0 +1,102 @@
+"""Selective optimization and AIR credit assignment, learnt through the whole stack (see tests/learning.py).
+
+* Two agents share one model; training only the planner raises its Memory-first rate while the checker's
+  yes-rate, measured on the model before and after, stays where it was. Trained together, the checker moves too
+  (the control: the reward does depend on it).
+* On a task whose final reward is sparse (three planner calls must all name memory), AIR's intermediate rewards
+  from tool statuses reach the target in fewer steps than identical assignment of the final reward.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from algorithms.builtin import GRPO
+from lightning_store.sql import SqlStore
+from tests.flight_agent import NAMES, SYSTEM, choose_tool
+from tests.learning import VAL_TASKS, answer_rate, build_tool_namer, train
+from tests.workflow_agents import CHECKER_SYSTEM, VERDICTS, choose_verdict
+
+pytestmark = pytest.mark.slow
+
+COMMON: dict[str, Any] = {"learning_rate": 2e-4, "tasks_per_step": 8, "group_size": 8, "eval_repeats": 8}
+VAL_QUESTIONS = [str(task["question"]) for task in VAL_TASKS]
+STEPS = 30
+
+
+def memory_first(reply: str) -> bool:
+    return choose_tool(reply) == "memory"
+
+
+def says_yes(reply: str) -> bool:
+    return choose_verdict(reply) == "yes"
+
+
+async def test_training_the_planner_only_leaves_the_checker_unchanged(
+    tmp_path: Path, served: tuple[SqlStore, str]
+) -> None:
+    store, url = served
+    model = build_tool_namer(tmp_path / "model", roles=((SYSTEM, NAMES), (CHECKER_SYSTEM, VERDICTS)))
+    planner_before = answer_rate(model, SYSTEM, memory_first, questions=VAL_QUESTIONS)
+    checker_before = answer_rate(model, CHECKER_SYSTEM, says_yes, questions=VAL_QUESTIONS)
+    assert planner_before < 0.5 and 0.3 < checker_before < 0.7
+
+    results = {}
+    for agents in ("planner", None):
+        out = tmp_path / f"out-{agents or 'all'}"
+        summary = await train(
+            GRPO(**COMMON, agents=agents),
+            store=store,
+            url=url,
+            model_dir=model,
+            output_dir=out,
+            steps=STEPS,
+            agent="tests.workflow_agents:planner_and_checker",
+        )
+        trained = out / f"step-{STEPS}"
+        results[agents] = (
+            answer_rate(trained, SYSTEM, memory_first, questions=VAL_QUESTIONS),
+            answer_rate(trained, CHECKER_SYSTEM, says_yes, questions=VAL_QUESTIONS),
+            summary["history"],
+        )
+
+    planner, checker, history = results["planner"]
+    steps = [h for h in history if "transitions" in h]
+    assert steps and all(0 < h["transitions"] <= h["rollouts"] for h in steps), "only the planner's calls count"
+    assert planner >= 0.8, f"the planner's Memory-first rate rose from {planner_before} to {planner} only"
+    assert abs(checker - checker_before) <= 0.1, f"the untrained checker moved from {checker_before} to {checker}"
+
+    _, checker_trained, history = results[None]
+    assert all(h["transitions"] > h["rollouts"] for h in history if "transitions" in h)
+    assert checker_trained >= checker_before + 0.2, "control: training every agent moves the checker"
+
+
+def first_step_reaching(history: list[dict[str, Any]], target: float) -> float:
+    reached = [h["step"] for h in history if h.get("val_reward", -1.0) >= target]
+    return min(reached) if reached else float("inf")
+
+
+async def test_air_reaches_the_target_in_fewer_steps_than_identical_credit(
+    tmp_path: Path, served: tuple[SqlStore, str]
+) -> None:
+    store, url = served
+    model = build_tool_namer(tmp_path / "model")
+    target, steps = 0.5, 30
+    reached = {}
+    for credit in ("air", "identical"):
+        summary = await train(
+            GRPO(**COMMON, credit=credit, air_alpha=0.5, eval_every=5),
+            store=store,
+            url=url,
+            model_dir=model,
+            output_dir=tmp_path / f"out-{credit}",
+            steps=steps,
+            agent="tests.workflow_agents:sparse_flight",
+        )
+        history = summary["history"]
+        assert history[0]["val_reward"] < 0.15, "all three calls naming memory should start out rare (1/27)"
+        reached[credit] = first_step_reaching(history, target)
+    assert reached["air"] < reached["identical"], f"steps to reach {target}: {reached}"

@@ -1,0 +1,133 @@
+"""The built-in policy server over real HTTP: concurrent requests are decoded in one batch, and batching changes
+nothing a client can see (token ids, log-probabilities, seeded samples, token limits); bad settings get a 400."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from algorithms.serving.policy_server import PolicyServer
+from algorithms.serving.tiny_model import build_tiny_model
+from tests.conftest import serve_app
+
+QUESTIONS = [
+    "My flight was cancelled.",
+    "Think step by step, then call a tool or answer the user. The answer is 42.",
+    "Find a new flight for tomorrow morning.",
+    "Use the tools memory, search and calculator.",
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def chat(question: str, **settings: Any) -> dict[str, Any]:
+    messages = [{"role": "system", "content": "Use the tools."}, {"role": "user", "content": question}]
+    return {"model": "tiny", "messages": messages, "return_token_ids": True, "logprobs": True, **settings}
+
+
+async def ask_all(server: PolicyServer, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    async with serve_app(server.app()) as url, httpx.AsyncClient(base_url=url, timeout=60) as client:
+        responses = await asyncio.gather(*(client.post("/v1/chat/completions", json=body) for body in bodies))
+    assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
+    return [r.json() for r in responses]
+
+
+def teacher_forced_logprobs(server: PolicyServer, prompt: list[int], tokens: list[int]) -> list[float]:
+    """The tokens' log-probabilities from one unpadded forward pass over prompt + tokens."""
+    with torch.no_grad():
+        logits = server.model(input_ids=torch.tensor([prompt + tokens])).logits[0].float()
+    logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+    return [float(logprobs[i, token]) for i, token in enumerate(tokens)]
+
+
+async def test_concurrent_requests_share_batches_and_match_the_model(model_dir: Path) -> None:
+    server = PolicyServer(model_dir, model_name="tiny")
+    limits = [3, 17, 8, 30, 1, 12, 25, 5]
+    bodies = [chat(QUESTIONS[i % len(QUESTIONS)], max_tokens=n, seed=i) for i, n in enumerate(limits)]
+    answers = await ask_all(server, bodies)
+
+    assert sum(size * count for size, count in server.batch_sizes.items()) == len(bodies)
+    assert max(server.batch_sizes) > 1, f"no two requests were decoded together: {server.batch_sizes}"
+    for answer, limit in zip(answers, limits, strict=True):
+        choice = answer["choices"][0]
+        tokens, prompt = choice["token_ids"], answer["prompt_token_ids"]
+        assert 1 <= len(tokens) <= limit
+        ended = tokens[-1] in server.stop_token_ids
+        assert choice["finish_reason"] == ("stop" if ended else "length")
+        assert ended or len(tokens) == limit
+        assert not any(t in server.stop_token_ids for t in tokens[:-1])
+        reported = [entry["logprob"] for entry in choice["logprobs"]["content"]]
+        expected = teacher_forced_logprobs(server, prompt, tokens)
+        assert reported == pytest.approx(expected, abs=1e-4)
+        assert answer["usage"]["completion_tokens"] == len(tokens)
+
+
+async def test_a_seeded_request_samples_the_same_tokens_alone_and_in_a_batch(model_dir: Path) -> None:
+    server = PolicyServer(model_dir, model_name="tiny")
+    seeded = chat(QUESTIONS[1], max_tokens=20, seed=1234, top_p=0.9)
+    (alone,) = await ask_all(server, [seeded])
+    crowd = [chat(q, max_tokens=24, temperature=0.7) for q in QUESTIONS]
+    together = await ask_all(server, [*crowd, seeded, *crowd])
+    assert max(server.batch_sizes) > 1
+    assert together[len(crowd)]["choices"][0]["token_ids"] == alone["choices"][0]["token_ids"]
+    assert len(alone["choices"][0]["token_ids"]) > 1
+
+
+async def test_temperature_zero_is_greedy_like_transformers_generate(model_dir: Path) -> None:
+    server = PolicyServer(model_dir, model_name="tiny")
+    answers = await ask_all(server, [chat(q, max_tokens=12, temperature=0) for q in QUESTIONS])
+    for answer in answers:
+        prompt = torch.tensor([answer["prompt_token_ids"]])
+        with torch.no_grad():
+            greedy = server.model.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=12,
+                do_sample=False,
+                eos_token_id=sorted(server.stop_token_ids),
+                pad_token_id=server.pad_token_id,
+            )
+        assert answer["choices"][0]["token_ids"] == greedy[0, prompt.shape[1] :].tolist()
+
+
+async def test_max_batch_size_one_decodes_one_request_at_a_time(model_dir: Path) -> None:
+    server = PolicyServer(model_dir, model_name="tiny", max_batch_size=1)
+    await ask_all(server, [chat(q, max_tokens=4) for q in QUESTIONS])
+    assert server.batch_sizes == {1: len(QUESTIONS)}
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"max_tokens": "many"}, "max_tokens"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_completion_tokens": 2.5}, "max_completion_tokens"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"seed": "abc"}, "seed"),
+        ({"n": 2}, "n"),
+        ({"messages": []}, "messages"),
+    ],
+)
+async def test_bad_settings_get_a_400_naming_the_field(model_dir: Path, body: dict[str, Any], field: str) -> None:
+    server = PolicyServer(model_dir, model_name="tiny")
+    async with serve_app(server.app()) as url, httpx.AsyncClient(base_url=url) as client:
+        response = await client.post("/v1/chat/completions", json={**chat(QUESTIONS[0]), **body})
+        assert response.status_code == 400
+        assert response.json()["error"]["param"] == field
+        headers = {"content-type": "application/json"}
+        garbled = await client.post("/v1/completions", content=b"{not json", headers=headers)
+        assert garbled.status_code == 400 and garbled.json()["error"]["param"] == "body"
+        still = await client.post("/v1/completions", json={"prompt": "The answer is", "max_tokens": 2})
+        assert still.status_code == 200
+    assert sum(server.batch_sizes.values()) == 1, "a refused request must not reach the model"
