@@ -16,9 +16,9 @@ from typing import Any
 
 from openai import OpenAI
 
+from examples.flight.agent import SYSTEM, TOOLS, choose_tool
 from lightning_store.resources import LLM
 from runners import rollout
-from tests.flight_agent import SYSTEM, TOOLS, choose_tool
 from tracers import operation
 
 CHECKER_SYSTEM = "You are a careful checker of travel plans. Reply yes or no."

@@ -34,7 +34,7 @@ async def test_openai_sdk_agent_is_captured_token_exact(
     rollouts = await store.enqueue_many_rollouts([{"input": {"question": question}} for _ in range(4)])  # type: ignore[misc]
     ids = [r.rollout_id for r in rollouts]
 
-    runner = Runner("tests.flight_agent:flight_agent", url, workers=2, heartbeat_interval=1, progress=False)
+    runner = Runner("examples.flight.agent:flight_agent", url, workers=2, heartbeat_interval=1, progress=False)
     running = asyncio.create_task(runner.run())
     finished = await store.wait_for_rollouts(rollout_ids=ids, timeout=240)
     runner.stop()

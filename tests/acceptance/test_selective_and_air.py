@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from algorithms.builtin import GRPO
+from examples.flight.agent import NAMES, SYSTEM, choose_tool
 from lightning_store.sql import SqlStore
-from tests.flight_agent import NAMES, SYSTEM, choose_tool
 from tests.learning import VAL_TASKS, answer_rate, build_tool_namer, train
 from tests.workflow_agents import CHECKER_SYSTEM, VERDICTS, choose_verdict
 

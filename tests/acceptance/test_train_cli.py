@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 def store_train(tmp_path: Path, steps: int) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "lightning_store.cli", "train", "--algorithm", "grpo"]
-    argv += ["--agent", "tests.flight_agent:flight_agent", "--model", str(tmp_path / "model")]
+    argv += ["--agent", "examples.flight.agent:flight_agent", "--model", str(tmp_path / "model")]
     argv += ["--train", str(tmp_path / "train.jsonl"), "--val", str(tmp_path / "val.jsonl")]
     argv += ["--config", str(tmp_path / "grpo.yaml"), "--steps", str(steps), "--workers", "2"]
     argv += ["--output", str(tmp_path / "run")]
