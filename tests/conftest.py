@@ -118,6 +118,16 @@ async def store(store_factory: StoreFactory) -> LightningStore:
     return await store_factory()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``long`` tests (several learning runs each) run only when LIGHTNING_STORE_TEST_LONG=1."""
+    if os.environ.get("LIGHTNING_STORE_TEST_LONG") == "1":
+        return
+    skip = pytest.mark.skip(reason="a long learning test: set LIGHTNING_STORE_TEST_LONG=1 to run it")
+    for item in items:
+        if "long" in item.keywords:
+            item.add_marker(skip)
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # Every test under tests/conformance runs once per backend.
     if "backend" in metafunc.fixturenames and "conformance" in str(metafunc.definition.path):

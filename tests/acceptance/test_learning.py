@@ -16,7 +16,7 @@ from algorithms.builtin import GRPO, PPO, ReinforcePP
 from lightning_store.sql import SqlStore
 from tests.learning import build_tool_namer, train
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # ~2 min on a quick day, 6 on a slow one
 
 COMMON: dict[str, Any] = {
     "learning_rate": 2e-4,

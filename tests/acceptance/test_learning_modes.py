@@ -15,7 +15,7 @@ from algorithms.policy import ADAPTER_DIR
 from lightning_store.sql import SqlStore
 from tests.learning import build_tool_namer, train
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1800)]
 
 COMMON: dict[str, Any] = {"tasks_per_step": 8, "group_size": 8, "kl_beta": 0.04, "eval_repeats": 16}
 

@@ -20,7 +20,7 @@ from lightning_store.sql import SqlStore
 from tests.learning import VAL_TASKS, answer_rate, build_tool_namer, train
 from tests.workflow_agents import CHECKER_SYSTEM, VERDICTS, choose_verdict
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1800)]
 
 COMMON: dict[str, Any] = {"learning_rate": 2e-4, "tasks_per_step": 8, "group_size": 8, "eval_repeats": 8}
 VAL_QUESTIONS = [str(task["question"]) for task in VAL_TASKS]
