@@ -24,12 +24,11 @@ def saved_steps(output_dir: Path) -> list[int]:
     return sorted(steps)
 
 
-def resume_point(output_dir: Path, model_dir: Path, resume: bool) -> tuple[int, Path]:
-    """The step to start from and the weights to load: the newest checkpoint when resuming, else step 0 and
-    the initial model."""
+def resume_point(output_dir: Path, resume: bool) -> tuple[int, Path | None]:
+    """The step to start from and the checkpoint to continue: the newest when resuming, else step 0 and none."""
     steps = saved_steps(output_dir) if resume else []
     if not steps:
-        return 0, model_dir
+        return 0, None
     return steps[-1], output_dir / f"{PREFIX}{steps[-1]}"
 
 

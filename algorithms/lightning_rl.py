@@ -89,23 +89,21 @@ class LightningRL(Algorithm):
         return TransitionAdapter(credit=credit_assignment(c.credit, **options), agents=c.agents)
 
     async def train(self, session: TrainingSession) -> dict[str, Any]:
-        from algorithms.policy import ADAPTER_DIR, TrainablePolicy
+        from algorithms.policy import TrainablePolicy
 
         c = self.config
-        start, model_dir = checkpoints.resume_point(session.output_dir, session.model_dir, session.resume)
-        # With LoRA a resumed run loads the saved adapters on top of the initial model (its KL reference).
-        adapter_dir = model_dir / ADAPTER_DIR if c.lora is not None and start > 0 else None
+        start, checkpoint = checkpoints.resume_point(session.output_dir, session.resume)
         policy = await asyncio.to_thread(
             TrainablePolicy,
-            session.model_dir if adapter_dir else model_dir,
+            session.model_dir,
             learning_rate=c.learning_rate,
             reference=c.kl_beta > 0,
             value_head=self.value_head,
             lora=c.lora,
-            adapter_dir=adapter_dir,
+            checkpoint=checkpoint,
         )
-        if start > 0:
-            policy.load_optimizer(model_dir)
+        if checkpoint is not None:
+            policy.load_optimizer(checkpoint)
             session.policy.load_state(policy.state_dict(), start)
         store = session.store
         # The store's version of the policy resources is what the proxy stamps on each LLM call: staleness is

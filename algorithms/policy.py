@@ -64,7 +64,9 @@ class Forward:
 
 class TrainablePolicy:
     """A causal LM from ``model_dir`` with an AdamW optimizer, its frozen reference (when ``reference``), a
-    value head (when ``value_head``) and LoRA adapters (when ``lora`` gives peft ``LoraConfig`` options)."""
+    value head (when ``value_head``) and LoRA adapters (when ``lora`` gives peft ``LoraConfig`` options).
+    ``checkpoint`` (a directory :meth:`save` wrote) continues a run: its weights (or adapters) and value head
+    are loaded, while ``model_dir`` stays the reference; :meth:`load_optimizer` restores the optimizer."""
 
     def __init__(
         self,
@@ -74,19 +76,27 @@ class TrainablePolicy:
         reference: bool,
         value_head: bool = False,
         lora: dict[str, Any] | None = None,
-        adapter_dir: str | Path | None = None,
+        checkpoint: str | Path | None = None,
         weight_decay: float = 0.0,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        def load(directory: str | Path) -> Any:
+            return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+
         self.tokenizer: Any = AutoTokenizer.from_pretrained(model_dir)
-        model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.lora = lora is not None
-        if lora is not None:
-            model = _with_lora(model, lora, adapter_dir)
+        if lora is not None:  # the adapters go on the initial model, new or (resuming) the checkpoint's own
+            adapters = None if checkpoint is None else Path(checkpoint) / ADAPTER_DIR
+            model: Any = _with_lora(load(model_dir), lora, adapters)
+        else:
+            model = load(checkpoint if checkpoint is not None else model_dir)
         self.model: Any = model
-        # With LoRA the reference is the base model with the adapters switched off: no second copy.
-        self.reference: Any = copy.deepcopy(model).eval() if reference and not self.lora else None
+        # The reference is always the initial model, also when resuming; with LoRA it is the base model with the
+        # adapters switched off (no second copy).
+        self.reference: Any = None
+        if reference and not self.lora:
+            self.reference = (load(model_dir) if checkpoint is not None else copy.deepcopy(model)).eval()
         self.uses_reference = reference
         if self.reference is not None:
             self.reference.requires_grad_(False)
@@ -95,8 +105,7 @@ class TrainablePolicy:
             self.value_head = torch.nn.Linear(self.model.config.hidden_size, 1)
             torch.nn.init.zeros_(self.value_head.weight)
             torch.nn.init.zeros_(self.value_head.bias)
-            checkpoint = Path(adapter_dir).parent if adapter_dir is not None else Path(model_dir)
-            head = checkpoint / VALUE_HEAD_FILE
+            head = Path(checkpoint if checkpoint is not None else model_dir) / VALUE_HEAD_FILE
             if head.exists():
                 self.value_head.load_state_dict(torch.load(head, weights_only=True))
         params = [p for p in self.model.parameters() if p.requires_grad]

@@ -9,18 +9,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from algorithms.base import Algorithm
-from algorithms.serving.batching import SamplingRequest, generate_batch
+from algorithms.serving.batching import SamplingRequest
 from algorithms.serving.local import LocalPolicy
 from algorithms.serving.policy_server import PolicyServer
 from algorithms.session import TrainingSession
-from examples.flight.model import QUESTIONS, TRAIN_TASKS, VAL_TASKS, build_tool_namer, prompt_ids
+from examples.flight.model import TRAIN_TASKS, VAL_TASKS, prompt_ids
 from lightning_store.sql import SqlStore
 from runners import Runner
-
-__all__ = ["QUESTIONS", "TRAIN_TASKS", "VAL_TASKS", "answer_rate", "build_tool_namer", "prompt_ids", "train"]
 
 
 def answer_rate(
@@ -34,10 +30,7 @@ def answer_rate(
         for question in questions
         for seed in range(samples)
     ]
-    with torch.no_grad():
-        generations = generate_batch(
-            server.model, requests, stop_token_ids=server.stop_token_ids, pad_token_id=server.pad_token_id
-        )
+    generations = server.decode(requests)
     return sum(accept(server.text(g.token_ids)) for g in generations) / len(generations)
 
 

@@ -72,7 +72,8 @@ class PolicyServer:
             self.model.load_state_dict(state)
             self.version = self.version + 1 if version is None else version
 
-    def _generate_batch(self, requests: list[SamplingRequest]) -> list[Generation]:
+    def decode(self, requests: list[SamplingRequest]) -> list[Generation]:
+        """Decode ``requests`` as one batch now, in the calling thread (``generate`` queues them instead)."""
         with self._weights:
             return generate_batch(
                 self.model, requests, stop_token_ids=self.stop_token_ids, pad_token_id=self.pad_token_id
@@ -94,7 +95,7 @@ class PolicyServer:
             del self._pending[: len(batch)]
             self.batch_sizes[len(batch)] += 1
             try:
-                results = await asyncio.to_thread(self._generate_batch, [request for request, _ in batch])
+                results = await asyncio.to_thread(self.decode, [request for request, _ in batch])
             except Exception as exc:  # the model failed: every request of the batch gets the error
                 for _, future in batch:
                     if not future.done():

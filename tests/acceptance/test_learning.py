@@ -13,8 +13,9 @@ import pytest
 
 from algorithms.base import Algorithm
 from algorithms.builtin import GRPO, PPO, ReinforcePP
+from examples.flight.model import build_tool_namer
 from lightning_store.sql import SqlStore
-from tests.learning import build_tool_namer, train
+from tests.learning import train
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # ~2 min on a quick day, 6 on a slow one
 

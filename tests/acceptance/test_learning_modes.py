@@ -12,8 +12,9 @@ import torch
 
 from algorithms.builtin import GRPO
 from algorithms.policy import ADAPTER_DIR
+from examples.flight.model import build_tool_namer
 from lightning_store.sql import SqlStore
-from tests.learning import build_tool_namer, train
+from tests.learning import train
 
 pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1800)]
 

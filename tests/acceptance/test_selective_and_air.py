@@ -16,8 +16,9 @@ import pytest
 
 from algorithms.builtin import GRPO
 from examples.flight.agent import NAMES, SYSTEM, choose_tool
+from examples.flight.model import VAL_TASKS, build_tool_namer
 from lightning_store.sql import SqlStore
-from tests.learning import VAL_TASKS, answer_rate, build_tool_namer, train
+from tests.learning import answer_rate, train
 from tests.workflow_agents import CHECKER_SYSTEM, VERDICTS, choose_verdict
 
 pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1800)]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.learning import TRAIN_TASKS, VAL_TASKS, build_tool_namer
+from examples.flight.model import TRAIN_TASKS, VAL_TASKS, build_tool_namer
 
 pytestmark = pytest.mark.slow
 
