@@ -40,10 +40,12 @@ class Transition:
 
 @dataclass
 class Adapted:
-    """Transitions of a batch, and what was left out: ``skipped`` counts episodes and calls by reason."""
+    """Transitions of a batch, and what was left out: ``skipped`` counts episodes and calls by reason.
+    ``others`` holds the calls of the agents not trained, when the adapter keeps them (``keep_others``)."""
 
     transitions: list[Transition]
     skipped: Counter[str] = field(default_factory=Counter)
+    others: list[Transition] = field(default_factory=list)
 
     @property
     def episodes(self) -> int:
@@ -57,12 +59,14 @@ class TransitionAdapter:
     ``credit`` shares each episode's reward among its calls. ``agents`` is a regex (``re.fullmatch``) of the
     agent names to train; None trains every call, including calls with no agent name. ``missing_reward``
     stands in for an episode that emitted no reward; None leaves such episodes out (counted as
-    ``no_reward``).
+    ``no_reward``). ``keep_others`` keeps the other agents' calls apart in ``Adapted.others`` (still counted
+    as ``other_agent_calls``), for a trainer that holds those agents' behaviour in place.
     """
 
     credit: CreditAssignment = field(default_factory=Identical)
     agents: str | None = None
     missing_reward: float | None = None
+    keep_others: bool = False
 
     def __post_init__(self) -> None:
         if self.agents is not None:
@@ -79,13 +83,15 @@ class TransitionAdapter:
             rewards, returns = self.credit.assign(episode, final)
             for step, call in enumerate(episode.calls):
                 agent = episode.agent_of(call)
-                if pattern is not None and (agent is None or not pattern.fullmatch(agent)):
+                other = pattern is not None and (agent is None or not pattern.fullmatch(agent))
+                if other:
                     adapted.skipped["other_agent_calls"] += 1
-                    continue
+                    if not self.keep_others:
+                        continue
                 if not call.prompt_token_ids or not call.response_token_ids:
                     adapted.skipped["calls_without_token_ids"] += 1
                     continue
-                adapted.transitions.append(
+                (adapted.others if other else adapted.transitions).append(
                     Transition(
                         rollout_id=episode.rollout.rollout_id,
                         attempt_id=episode.attempt_id,

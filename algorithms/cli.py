@@ -1,8 +1,8 @@
 """``store algorithms list`` and ``store train`` (added to the ``store`` CLI through entry points).
 
-``store train`` runs the whole loop on one machine: ``store serve`` and ``store run`` as subprocesses (the
-store on SQLite in the output directory unless ``--store`` names a server), the policy server and the trainer
-in this process. Metrics go into the store and onto the terminal.
+``store train`` runs the whole loop on one machine: ``store serve`` and ``store run`` as subprocesses
+(``algorithms.local_stack``; the store on SQLite in the output directory unless ``--store`` names a server), the
+policy server and the trainer in this process. Metrics go into the store and onto the terminal.
 """
 
 from __future__ import annotations
@@ -10,11 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import shutil
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -24,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from algorithms.base import load_algorithm, registered
+from algorithms.local_stack import ProcessFailed, embedded_store, runners
 
 algorithms = typer.Typer(help="Training algorithms registered through the lightning_store.algorithms entry points.")
 console = Console(stderr=True)
@@ -74,40 +70,6 @@ def read_config(path: Path | None) -> dict[str, Any]:
     return loaded
 
 
-def _store_command() -> list[str]:
-    script = shutil.which("store", path=str(Path(sys.executable).parent))
-    return [script] if script else [sys.executable, "-m", "lightning_store.cli"]
-
-
-@contextlib.contextmanager
-def _process(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("ab") as sink:
-        process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
-    try:
-        yield process
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise typer.Exit(code=1)
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/v1/agl/health", timeout=2).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise RuntimeError(f"store serve did not answer at {url}")
-
-
 def train(
     algorithm: Annotated[str, typer.Option(help="Registered algorithm (store algorithms list).")],
     agent: Annotated[str, typer.Option(help="The agent, as module:name.")],
@@ -134,27 +96,12 @@ def train(
     val_tasks = read_tasks(val_file) if val_file else []
     output.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
-        url = store
-        if url is None:
-            from algorithms.serving.local import free_port
-
-            port = free_port()
-            url = f"http://127.0.0.1:{port}"
-            database = f"sqlite+aiosqlite:///{(output / 'store.db').resolve()}"
-            argv = [
-                *_store_command(),
-                "serve",
-                "--port",
-                str(port),
-                "--database-url",
-                database,
-                "--log-level",
-                "warning",
-            ]
-            server = stack.enter_context(_process(argv, output / "serve.log"))
-            _wait_healthy(url, server)
-        runner_argv = [*_store_command(), "run", agent, "--store", url, "--workers", str(workers), "--no-progress"]
-        stack.enter_context(_process(runner_argv, output / "runner.log"))
+        try:
+            url = store or stack.enter_context(embedded_store(output))
+        except ProcessFailed as error:
+            console.print(f"[red]{error}[/red]")
+            raise typer.Exit(code=1) from None
+        stack.enter_context(runners(agent, url, workers=workers, log=output / "runner.log"))
         summary = asyncio.run(_train(instance, url, tasks, val_tasks, model, output, steps, resume))
     console.print_json(json.dumps(summary["history"][-1] if summary["history"] else {}))
 

@@ -56,6 +56,12 @@ class LightningRLConfig(AlgorithmConfig):
     air_alpha: float = Field(0.2, ge=0, le=1, description="Weight of tool-status rewards in AIR (α).")
     air_weights: dict[str, float] = Field(default_factory=dict, description="AIR weight per tool name.")
     agents: str | None = Field(None, description="Regex of the agent names to train (None: every LLM call).")
+    anchor_beta: float = Field(
+        0.0,
+        ge=0,
+        description="With `agents`: weight of a KL-to-reference term on the other agents' calls, which holds their"
+        " behaviour in place where they share the model (0: their calls are left out).",
+    )
     asynchronous: bool = Field(False, description="Keep the queue topped up instead of waiting for each batch.")
     max_staleness: int = Field(1, ge=0, description="Async mode: drop transitions more than K versions old.")
     rollout_timeout: float | None = Field(300.0, gt=0, description="Timeout of each rollout's attempt (s).")
@@ -86,7 +92,8 @@ class LightningRL(Algorithm):
             options = {"gamma": c.gamma}
         elif c.credit == "air":
             options = {"alpha": c.air_alpha, "weights": dict(c.air_weights)}
-        return TransitionAdapter(credit=credit_assignment(c.credit, **options), agents=c.agents)
+        anchored = c.agents is not None and c.anchor_beta > 0
+        return TransitionAdapter(credit=credit_assignment(c.credit, **options), agents=c.agents, keep_others=anchored)
 
     async def train(self, session: TrainingSession) -> dict[str, Any]:
         from algorithms.policy import TrainablePolicy
@@ -97,7 +104,7 @@ class LightningRL(Algorithm):
             TrainablePolicy,
             session.model_dir,
             learning_rate=c.learning_rate,
-            reference=c.kl_beta > 0,
+            reference=c.kl_beta > 0 or c.anchor_beta > 0,
             value_head=self.value_head,
             lora=c.lora,
             checkpoint=checkpoint,
@@ -138,18 +145,20 @@ class LightningRL(Algorithm):
                     await collect.wait_all(store, ids)
                 collected = time.perf_counter()
                 adapted = await adapter.read(store, ids)
+                adapted_at = time.perf_counter()
                 transitions = adapted.transitions
                 lags = [published.version - (t.resources_version or 0) for t in transitions]
                 stale = sum(lag > c.max_staleness for lag in lags) if c.asynchronous else 0
                 if stale:
                     transitions = [t for t, lag in zip(transitions, lags, strict=True) if lag <= c.max_staleness]
                     lags = [lag for lag in lags if lag <= c.max_staleness]
-                metrics = await asyncio.to_thread(self._step, policy, transitions)
-                adapted_at = time.perf_counter()
+                metrics = await asyncio.to_thread(self._step, policy, transitions, adapted.others)
+                updated = time.perf_counter()
                 session.policy.load_state(policy.state_dict(), step + 1)
                 published = await store.update_resources(
                     collect.POLICY_RESOURCES_ID, {"main_llm": session.policy.llm()}
                 )
+                finished = time.perf_counter()
                 rewards = list({t.rollout_id: t.final_reward for t in transitions}.values())
                 metrics |= {
                     "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
@@ -160,7 +169,10 @@ class LightningRL(Algorithm):
                     "staleness_max": float(max(lags, default=0)),
                     "skipped_episodes": float(sum(v for k, v in adapted.skipped.items() if k != "other_agent_calls")),
                     "collect_seconds": collected - started,
-                    "step_seconds": adapted_at - started,
+                    "adapt_seconds": adapted_at - collected,
+                    "train_seconds": updated - adapted_at,
+                    "publish_seconds": finished - updated,
+                    "step_seconds": finished - started,
                     "version": float(published.version),
                 }
                 last = step + 1 == session.max_steps
@@ -180,13 +192,15 @@ class LightningRL(Algorithm):
             session.store, session.val_tasks, self.config.eval_repeats, step=step, config=config
         )
 
-    def _step(self, policy: Any, transitions: list[Any]) -> dict[str, float]:
-        from algorithms.update import UpdateSettings, measure, update
+    def _step(self, policy: Any, transitions: list[Any], others: list[Any]) -> dict[str, float]:
+        from algorithms.update import UpdateSettings, anchor, measure, update
 
         if not transitions:
             return {"trained_transitions": 0.0}
         c = self.config
-        rollouts = measure(policy, transitions, c.micro_batch_size)
+        # One optimizer step per batch: the policy before it is the policy differentiated, no separate pass.
+        single_step = c.epochs == 1 and c.mini_batches == 1
+        rollouts = measure(policy, transitions, c.micro_batch_size, old_logprobs=not single_step)
         estimate = self.advantages(transitions, rollouts)
         metrics = dict(estimate.metrics)
         metrics["trained_transitions"] = float(len(estimate.keep))
@@ -203,8 +217,9 @@ class LightningRL(Algorithm):
             **self.update_options(),
         )
         kept = [transitions[i] for i in estimate.keep]
+        anchors = anchor(policy, others, c.micro_batch_size, c.anchor_beta) if others else None
         return metrics | update(
-            policy, kept, estimate.per_token, rollouts.select(estimate.keep), settings, estimate.returns
+            policy, kept, estimate.per_token, rollouts.select(estimate.keep), settings, estimate.returns, anchors
         )
 
     def update_options(self) -> dict[str, float]:

@@ -1,7 +1,10 @@
 """One policy update from a batch of transitions: the step every LightningRL algorithm shares.
 
-Old log-probabilities are recomputed with the policy before the update (the server's behaviour log-probs
-differ by padding and kernels; their distance to the recomputed ones is reported as ``logprob_mismatch``).
+Old log-probabilities are recomputed with the policy before the update rather than taken from the policy
+server (whose behaviour log-probs differ by padding, batching and kernels; their distance to the recomputed ones
+is reported as ``logprob_mismatch``). When a step makes a single optimizer step (one epoch, one mini-batch) the
+old policy *is* the policy being differentiated, so the old log-probs are the training pass's own, detached, and
+the separate pass is skipped (a third of the step's compute; TRL does the same with ``num_iterations=1``).
 Each optimizer step accumulates gradients over micro-batches of transitions, normalized by the token count
 of the whole mini-batch, so the micro-batch size changes memory use and not the result.
 """
@@ -23,9 +26,10 @@ from algorithms.policy import TokenBatch, TrainablePolicy, token_batch
 
 @dataclass
 class Rollouts:
-    """Per transition, tensors aligned to its response tokens: ``[N, T]`` (padded, with ``mask``)."""
+    """Per transition, tensors aligned to its response tokens: ``[N, T]`` (padded, with ``mask``).
+    ``old_logprobs`` is None when they are taken from the training pass itself (a single optimizer step)."""
 
-    old_logprobs: torch.Tensor
+    old_logprobs: torch.Tensor | None
     ref_logprobs: torch.Tensor | None
     values: torch.Tensor | None
     mask: torch.Tensor
@@ -34,7 +38,20 @@ class Rollouts:
         def pick(tensor: torch.Tensor | None) -> torch.Tensor | None:
             return None if tensor is None else tensor[indices]
 
-        return Rollouts(self.old_logprobs[indices], pick(self.ref_logprobs), pick(self.values), self.mask[indices])
+        return Rollouts(pick(self.old_logprobs), pick(self.ref_logprobs), pick(self.values), self.mask[indices])
+
+
+@dataclass
+class Anchors:
+    """Calls of agents that are not being trained but share the model (selective optimization): a KL term to
+    the reference policy on their tokens, of weight ``beta`` (token mean over the anchors, added to each
+    optimizer step's loss), holds their behaviour in place while the trained agents' updates move the shared
+    weights. ``ref_logprobs`` and ``mask`` are ``[M, T]``."""
+
+    transitions: Sequence[Transition]
+    ref_logprobs: torch.Tensor
+    mask: torch.Tensor
+    beta: float
 
 
 @dataclass(frozen=True)
@@ -66,26 +83,68 @@ def _batch(policy: TrainablePolicy, transitions: Sequence[Transition], indices: 
 
 
 @torch.no_grad()
-def measure(policy: TrainablePolicy, transitions: Sequence[Transition], micro_batch_size: int) -> Rollouts:
-    """Old (pre-update) log-probs, reference log-probs and values of every transition."""
+def measure(
+    policy: TrainablePolicy, transitions: Sequence[Transition], micro_batch_size: int, *, old_logprobs: bool = True
+) -> Rollouts:
+    """Old (pre-update) log-probs, reference log-probs and values of every transition. With ``old_logprobs``
+    False the policy's own pass is skipped unless its value head needs it (``Rollouts.old_logprobs`` is None)."""
     policy.model.eval()
     width = max(len(t.response_ids) for t in transitions)
+    own_pass = old_logprobs or policy.value_head is not None
     olds, refs, values, masks = [], [], [], []
     for chunk in _chunks(range(len(transitions)), micro_batch_size):
         batch = _batch(policy, transitions, chunk)
-        out = policy.forward(batch)
-        olds += list(out.logprobs)
         masks += list(batch.response_mask)
-        if out.values is not None:
-            values += list(out.values)
+        if own_pass:
+            out = policy.forward(batch)
+            olds += list(out.logprobs)
+            if out.values is not None:
+                values += list(out.values)
         if policy.uses_reference:
             refs += list(policy.forward(batch, reference=True).logprobs)
     return Rollouts(
-        old_logprobs=_pad_rows(olds, width),
+        old_logprobs=_pad_rows(olds, width) if olds else None,
         ref_logprobs=_pad_rows(refs, width) if refs else None,
         values=_pad_rows(values, width) if values else None,
         mask=_pad_rows(masks, width),
     )
+
+
+@torch.no_grad()
+def anchor(policy: TrainablePolicy, transitions: Sequence[Transition], micro_batch_size: int, beta: float) -> Anchors:
+    """:class:`Anchors` of ``transitions``: their reference log-probs, measured now."""
+    width = max(len(t.response_ids) for t in transitions)
+    refs, masks = [], []
+    for chunk in _chunks(range(len(transitions)), micro_batch_size):
+        batch = _batch(policy, transitions, chunk)
+        refs += list(policy.forward(batch, reference=True).logprobs)
+        masks += list(batch.response_mask)
+    return Anchors(transitions, _pad_rows(refs, width), _pad_rows(masks, width), beta)
+
+
+def _anchor_step(
+    policy: TrainablePolicy, anchors: Anchors, rows: list[int], settings: UpdateSettings, totals: dict[str, float]
+) -> None:
+    """Accumulates the gradient of ``beta`` × the token-mean k3 KL of anchor ``rows`` (the policy-gradient
+    core with zero advantages: only its KL term is left)."""
+    tokens = float(anchors.mask[rows].sum())
+    for micro in _chunks(rows, settings.micro_batch_size):
+        out = policy.forward(_batch(policy, anchors.transitions, micro))
+        width = out.logprobs.shape[1]
+        mask = anchors.mask[micro, :width]
+        terms = policy_loss(
+            out.logprobs,
+            out.logprobs.detach(),
+            torch.zeros_like(mask),
+            mask,
+            clip_eps=settings.clip_eps,
+            ref_logprobs=anchors.ref_logprobs[micro, :width],
+            kl_beta=anchors.beta,
+            total_tokens=tokens,
+        )
+        terms.loss.backward()  # type: ignore[no-untyped-call]
+        totals["anchor_kl"] += terms.kl_sum
+        totals["anchor_tokens"] += terms.tokens
 
 
 def update(
@@ -95,19 +154,28 @@ def update(
     rollouts: Rollouts,
     settings: UpdateSettings,
     returns: torch.Tensor | None = None,
+    anchors: Anchors | None = None,
 ) -> dict[str, float]:
     """Optimize the policy on ``transitions`` with per-token ``advantages`` ``[N, T]`` (and, for PPO, value
-    ``returns``); the step's metrics."""
+    ``returns``), holding the ``anchors`` near the reference; the step's metrics. The anchors are spread over
+    the optimizer steps of each epoch, a share of them in each."""
     started = time.perf_counter()
     policy.model.train()
-    totals = {"pg": 0.0, "kl": 0.0, "clipped": 0.0, "tokens": 0.0, "entropy": 0.0, "loss": 0.0, "value_loss": 0.0}
+    totals = dict.fromkeys(("pg", "kl", "clipped", "tokens", "entropy", "loss", "value_loss"), 0.0)
+    totals |= {"anchor_kl": 0.0, "anchor_tokens": 0.0}
+    mismatch = [0.0, 0.0]  # |behaviour - old| log-prob summed over tokens that carry a behaviour log-prob, count
     grad_norms = []
     order = list(range(len(transitions)))
     rng = random.Random(settings.seed)
-    for _ in range(settings.epochs):
+    for epoch in range(settings.epochs):
         rng.shuffle(order)
         mini_size = math.ceil(len(order) / settings.mini_batches)
-        for mini in _chunks(order, mini_size):
+        minis = _chunks(order, mini_size)
+        anchor_rows: list[list[int]] = []
+        if anchors is not None and anchors.transitions:
+            count = len(anchors.transitions)
+            anchor_rows = _chunks(range(count), math.ceil(count / len(minis)))
+        for index, mini in enumerate(minis):
             mini_tokens = float(rollouts.mask[mini].sum())
             policy.optimizer.zero_grad(set_to_none=True)
             for micro in _chunks(mini, settings.micro_batch_size):
@@ -116,9 +184,17 @@ def update(
                 width = out.logprobs.shape[1]
                 mask = rollouts.mask[micro, :width]
                 ref = rollouts.ref_logprobs[micro, :width] if rollouts.ref_logprobs is not None else None
+                if rollouts.old_logprobs is None:
+                    if settings.epochs * settings.mini_batches != 1:
+                        raise ValueError("old log-probs may come from the training pass only in a single step")
+                    old = out.logprobs.detach()
+                else:
+                    old = rollouts.old_logprobs[micro, :width]
+                if epoch == 0:
+                    _add_mismatch(mismatch, [transitions[i].logprobs for i in micro], old)
                 terms = policy_loss(
                     out.logprobs,
-                    rollouts.old_logprobs[micro, :width],
+                    old,
                     advantages[micro, :width],
                     mask,
                     clip_eps=settings.clip_eps,
@@ -145,6 +221,8 @@ def update(
                 totals["clipped"] += terms.clipped_tokens
                 totals["tokens"] += terms.tokens
                 totals["entropy"] += token_entropy_sum(out.logits, mask)
+            if anchors is not None and index < len(anchor_rows):
+                _anchor_step(policy, anchors, anchor_rows[index], settings, totals)
             params = [p for group in policy.optimizer.param_groups for p in group["params"]]
             norm = torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm or float("inf"))
             grad_norms.append(float(norm))
@@ -164,4 +242,19 @@ def update(
     }
     if returns is not None:
         metrics["value_loss"] = totals["value_loss"] / tokens
+    if totals["anchor_tokens"]:
+        metrics["anchor_kl"] = totals["anchor_kl"] / totals["anchor_tokens"]
+    if mismatch[1]:
+        metrics["logprob_mismatch"] = mismatch[0] / mismatch[1]
     return metrics
+
+
+def _add_mismatch(acc: list[float], behaviour: Sequence[list[float] | None], old: torch.Tensor) -> None:
+    """Adds the summed ``|behaviour - old|`` log-prob and the token count of the rows that carry behaviour
+    log-probs (the policy server's, as the proxy recorded them) to ``acc``."""
+    for row, logprobs in enumerate(behaviour):
+        if not logprobs:
+            continue
+        n = min(len(logprobs), old.shape[1])
+        acc[0] += float((torch.tensor(logprobs[:n]) - old[row, :n].float()).abs().sum())
+        acc[1] += n

@@ -42,6 +42,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from algorithms.local_stack import store_command
 from bench.server_ops import (
     AGL_ENV,
     DEFAULT_AGL_PYTHON,
@@ -52,7 +53,6 @@ from bench.server_ops import (
     postgres_answers,
     server,
     stop,
-    store_command,
 )
 from lightning_store import LLM
 from lightning_store.client import HttpStore

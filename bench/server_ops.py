@@ -44,17 +44,17 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-import httpx
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy.engine import make_url
+
+from algorithms.local_stack import log_tail, store_command, wait_healthy
 
 BATCH = 100
 OPERATIONS = ("enqueue", "dequeue", "add_spans", "query_spans", "query_rollouts")
@@ -136,10 +136,6 @@ def free_port() -> int:
         return port
 
 
-def tail(path: Path, lines: int = 30) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
-
-
 def stop(process: subprocess.Popen[Any]) -> None:
     """SIGTERM to the process group it leads (a server may have children), SIGKILL if it lingers."""
     if process.poll() is not None:
@@ -152,23 +148,6 @@ def stop(process: subprocess.Popen[Any]) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=20)
-
-
-def wait_healthy(url: str, process: subprocess.Popen[Any], log_file: Path) -> None:
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}:\n{tail(log_file)}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/v1/agl/health", timeout=2).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise RuntimeError(f"server at {url} did not become healthy in {STARTUP_SECONDS:.0f}s:\n{tail(log_file)}")
-
-
-def store_command() -> list[str]:
-    script = shutil.which("store", path=str(Path(sys.executable).parent))
-    return [script] if script else [sys.executable, "-m", "lightning_store.cli"]
 
 
 def server_argv(backend: str, port: int, database_url: str | None, agl_python: str | None) -> list[str]:
@@ -200,7 +179,7 @@ def server(
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url, process, log_file)
+        wait_healthy(url, process, log_file, timeout=STARTUP_SECONDS)
         yield url
     finally:
         stop(process)
@@ -232,7 +211,7 @@ class WorkerProcess:
         assert stdout is not None
         line = stdout.readline()
         if not line:
-            raise RuntimeError(f"the {self.kind} worker exited:\n{tail(self.log_file)}")
+            raise RuntimeError(f"the {self.kind} worker exited:\n{log_tail(self.log_file)}")
         document: dict[str, Any] = json.loads(line)
         return document
 

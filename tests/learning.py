@@ -1,6 +1,6 @@
-"""The learning setup of the cancelled-flight task: a tiny model that names one of three tools at about equal
-rates, and a harness that trains it with a LightningRL algorithm through the whole stack (store served over
-HTTP, LLM proxy, runner worker processes, policy server, trainer)."""
+"""The learning harness: trains a tiny model with a LightningRL algorithm through the whole stack, laid out as
+``store train`` lays it out (``store serve`` on SQLite and ``store run`` with its workers as subprocesses, the
+policy server and the trainer in this process), and measures an agent's behaviour on a model directly."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from algorithms.base import Algorithm
+from algorithms.local_stack import runners
 from algorithms.serving.batching import SamplingRequest
 from algorithms.serving.local import LocalPolicy
 from algorithms.serving.policy_server import PolicyServer
 from algorithms.session import TrainingSession
 from examples.flight.model import TRAIN_TASKS, VAL_TASKS, prompt_ids
-from lightning_store.sql import SqlStore
-from runners import Runner
+from lightning_store.client import HttpStore
 
 
 def answer_rate(
@@ -37,7 +37,7 @@ def answer_rate(
 async def train(
     algorithm: Algorithm,
     *,
-    store: SqlStore,
+    store: HttpStore,
     url: str,
     model_dir: Path,
     output_dir: Path,
@@ -47,18 +47,13 @@ async def train(
     val_tasks: Sequence[Any] = VAL_TASKS,
     agent: str = "examples.flight.agent:flight_agent",
 ) -> dict[str, Any]:
-    """Train with ``store run``'s Python API running ``agent`` (the flight agent); the algorithm's summary."""
-    runner = Runner(
-        agent,
-        url,
-        workers=workers,
-        heartbeat_interval=1.0,
-        poll_timeout=1.0,
-        progress=False,
-    )
-    running = asyncio.create_task(runner.run())
-    policy = LocalPolicy(model_dir, model_name="tiny").start()
-    try:
+    """Train with ``store run`` running ``agent`` (the flight agent) against the store at ``url``; the
+    algorithm's summary."""
+    await asyncio.to_thread(output_dir.mkdir, parents=True, exist_ok=True)
+    with (
+        runners(agent, url, workers=workers, log=output_dir / "runner.log"),
+        LocalPolicy(model_dir, model_name="tiny") as policy,
+    ):
         session = TrainingSession(
             store=store,
             train_tasks=train_tasks,
@@ -69,7 +64,3 @@ async def train(
             max_steps=steps,
         )
         return await algorithm.train(session)
-    finally:
-        policy.stop()
-        runner.stop()
-        await running

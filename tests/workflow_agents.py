@@ -4,10 +4,10 @@
   with its own system prompt) says yes or no. Reward: 0.5 if the planner named memory plus 0.5 if the checker
   said yes. Each LLM call carries its agent's name (``metadata.agent_name``, which the proxy records), so a
   trainer can select the planner's calls only.
-* ``sparse_flight``: the planner is asked three times (the same prompt each time, no history); only memory may
-  be called, the other tools fail (an ERROR tool span). The reward is 1 only when all three calls named memory
-  (1/27 for a model that names each tool a third of the time): a sparse final reward, with the tool statuses as
-  the intermediate signal that AIR credit assignment uses.
+* ``sparse_flight``: the planner is asked five times (the same prompt each time, no history); only memory may
+  be called, the other tools fail (an ERROR tool span). The reward is 1 only when all five calls named memory
+  (1/243 for a model that names each tool a third of the time): a sparse final reward, with the tool statuses
+  as the intermediate signal that AIR credit assignment uses.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from openai import OpenAI
 
-from examples.flight.agent import SYSTEM, TOOLS, choose_tool
+from examples.flight.agent import HTTP, SYSTEM, TOOLS, choose_tool
 from lightning_store.resources import LLM
 from runners import rollout
 from tracers import operation
@@ -26,7 +26,7 @@ VERDICTS = ("yes", "no")
 
 
 def ask(llm: LLM, system: str, question: str, *, agent: str, max_tokens: int = 4) -> str:
-    client = OpenAI(base_url=llm.endpoint, api_key=llm.api_key or "unused", max_retries=0)
+    client = OpenAI(base_url=llm.endpoint, api_key=llm.api_key or "unused", max_retries=0, http_client=HTTP)
     completion = client.chat.completions.create(
         model=llm.model,
         messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
@@ -49,6 +49,9 @@ def planner_and_checker(task: dict[str, Any], llm: LLM) -> float:
     return 0.5 * (tool == "memory") + 0.5 * (verdict == "yes")
 
 
+SPARSE_CALLS = 5
+
+
 class ToolRefused(RuntimeError):
     """Only memory may be called in the sparse task."""
 
@@ -56,7 +59,7 @@ class ToolRefused(RuntimeError):
 @rollout
 def sparse_flight(task: dict[str, Any], llm: LLM) -> float:
     tools = []
-    for step in range(3):
+    for step in range(SPARSE_CALLS):
         tool = choose_tool(ask(llm, SYSTEM, task["question"], agent="planner"))
         tools.append(tool)
         try:
@@ -66,4 +69,4 @@ def sparse_flight(task: dict[str, Any], llm: LLM) -> float:
                 call.record_output(TOOLS[tool](task["question"]))
         except ToolRefused:
             pass
-    return 1.0 if tools == ["memory"] * 3 else 0.0
+    return 1.0 if tools == ["memory"] * SPARSE_CALLS else 0.0

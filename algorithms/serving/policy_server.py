@@ -53,6 +53,8 @@ class PolicyServer:
         if self.pad_token_id is None:
             self.pad_token_id = self.tokenizer.eos_token_id
         self.batch_sizes: Counter[int] = Counter()  # how many batches of each size were decoded
+        self.decode_seconds = 0.0  # wall time spent decoding, all batches together (what the model cost)
+        self.generated_tokens = 0  # tokens sampled, all batches together
         self._pending: list[tuple[SamplingRequest, asyncio.Future[Generation]]] = []
         self._decoding: asyncio.Task[None] | None = None
         self._weights = threading.Lock()  # held by a batch and by a weight swap (which come from other threads)
@@ -75,9 +77,13 @@ class PolicyServer:
     def decode(self, requests: list[SamplingRequest]) -> list[Generation]:
         """Decode ``requests`` as one batch now, in the calling thread (``generate`` queues them instead)."""
         with self._weights:
-            return generate_batch(
+            started = time.perf_counter()
+            generations = generate_batch(
                 self.model, requests, stop_token_ids=self.stop_token_ids, pad_token_id=self.pad_token_id
             )
+            self.decode_seconds += time.perf_counter() - started
+            self.generated_tokens += sum(len(g.token_ids) for g in generations)
+            return generations
 
     async def generate(self, request: SamplingRequest) -> Generation:
         """Queue ``request``; it is decoded in the next batch, with every other request waiting by then."""

@@ -14,7 +14,7 @@ import pytest
 from algorithms.base import Algorithm
 from algorithms.builtin import GRPO, PPO, ReinforcePP
 from examples.flight.model import build_tool_namer
-from lightning_store.sql import SqlStore
+from lightning_store.client import HttpStore
 from tests.learning import train
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # ~2 min on a quick day, 6 on a slow one
@@ -34,9 +34,9 @@ COMMON: dict[str, Any] = {
     ids=["grpo", "reinforce_pp", "ppo"],
 )
 async def test_training_raises_the_memory_first_rate(
-    algorithm: Algorithm, target: float, tmp_path: Path, served: tuple[SqlStore, str]
+    algorithm: Algorithm, target: float, tmp_path: Path, trainer_store: tuple[HttpStore, str]
 ) -> None:
-    store, url = served
+    store, url = trainer_store
     model = build_tool_namer(tmp_path / "model")
     summary = await train(algorithm, store=store, url=url, model_dir=model, output_dir=tmp_path / "out", steps=40)
     history = summary["history"]

@@ -13,7 +13,7 @@ import torch
 from algorithms.builtin import GRPO
 from algorithms.policy import ADAPTER_DIR
 from examples.flight.model import build_tool_namer
-from lightning_store.sql import SqlStore
+from lightning_store.client import HttpStore
 from tests.learning import train
 
 pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1800)]
@@ -22,9 +22,9 @@ COMMON: dict[str, Any] = {"tasks_per_step": 8, "group_size": 8, "kl_beta": 0.04,
 
 
 async def test_asynchronous_grpo_learns_from_slightly_stale_rollouts(
-    tmp_path: Path, served: tuple[SqlStore, str]
+    tmp_path: Path, trainer_store: tuple[HttpStore, str]
 ) -> None:
-    store, url = served
+    store, url = trainer_store
     model = build_tool_namer(tmp_path / "model")
     algorithm = GRPO(**COMMON, learning_rate=2e-4, asynchronous=True, max_staleness=1)
     summary = await train(algorithm, store=store, url=url, model_dir=model, output_dir=tmp_path / "out", steps=40)
@@ -37,11 +37,11 @@ async def test_asynchronous_grpo_learns_from_slightly_stale_rollouts(
 
 
 async def test_lora_grpo_learns_and_saves_merged_weights_and_adapters(
-    tmp_path: Path, served: tuple[SqlStore, str]
+    tmp_path: Path, trainer_store: tuple[HttpStore, str]
 ) -> None:
     from transformers import AutoModelForCausalLM
 
-    store, url = served
+    store, url = trainer_store
     model = build_tool_namer(tmp_path / "model")
     targets = ["q_proj", "v_proj", "o_proj"]
     lora = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": targets}

@@ -1,8 +1,9 @@
 """Selective optimization and AIR credit assignment, learnt through the whole stack (see tests/learning.py).
 
-* Two agents share one model; training only the planner raises its Memory-first rate while the checker's
-  yes-rate, measured on the model before and after, stays where it was. Trained together, the checker moves too
-  (the control: the reward does depend on it).
+* Two agents share one model; training only the planner (with the checker's calls anchored to the reference,
+  ``anchor_beta``) raises its Memory-first rate while the checker's yes-rate, measured on the model before and
+  after, stays where it was. Trained together, the checker moves too (the control: the reward does depend on
+  it). Without the anchor the shared weights carried the checker off by 0.1 to 0.2 (docs/reference/algorithms.md).
 * On a task whose final reward is sparse (three planner calls must all name memory), AIR's intermediate rewards
   from tool statuses reach the target in fewer steps than identical assignment of the final reward.
 """
@@ -17,13 +18,13 @@ import pytest
 from algorithms.builtin import GRPO
 from examples.flight.agent import NAMES, SYSTEM, choose_tool
 from examples.flight.model import VAL_TASKS, build_tool_namer
-from lightning_store.sql import SqlStore
+from lightning_store.client import HttpStore
 from tests.learning import answer_rate, train
 from tests.workflow_agents import CHECKER_SYSTEM, VERDICTS, choose_verdict
 
-pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # about 5 minutes each
 
-COMMON: dict[str, Any] = {"learning_rate": 2e-4, "tasks_per_step": 8, "group_size": 8, "eval_repeats": 8}
+COMMON: dict[str, Any] = {"learning_rate": 4e-4, "tasks_per_step": 4, "group_size": 8, "eval_repeats": 8}
 VAL_QUESTIONS = [str(task["question"]) for task in VAL_TASKS]
 STEPS = 30
 
@@ -37,9 +38,9 @@ def says_yes(reply: str) -> bool:
 
 
 async def test_training_the_planner_only_leaves_the_checker_unchanged(
-    tmp_path: Path, served: tuple[SqlStore, str]
+    tmp_path: Path, trainer_store: tuple[HttpStore, str]
 ) -> None:
-    store, url = served
+    store, url = trainer_store
     model = build_tool_namer(tmp_path / "model", roles=((SYSTEM, NAMES), (CHECKER_SYSTEM, VERDICTS)))
     planner_before = answer_rate(model, SYSTEM, memory_first, questions=VAL_QUESTIONS)
     checker_before = answer_rate(model, CHECKER_SYSTEM, says_yes, questions=VAL_QUESTIONS)
@@ -49,7 +50,7 @@ async def test_training_the_planner_only_leaves_the_checker_unchanged(
     for agents in ("planner", None):
         out = tmp_path / f"out-{agents or 'all'}"
         summary = await train(
-            GRPO(**COMMON, agents=agents),
+            GRPO(**COMMON, agents=agents, anchor_beta=1.0),
             store=store,
             url=url,
             model_dir=model,
@@ -67,29 +68,29 @@ async def test_training_the_planner_only_leaves_the_checker_unchanged(
     planner, checker, history = results["planner"]
     steps = [h for h in history if "transitions" in h]
     assert steps and all(0 < h["transitions"] <= h["rollouts"] for h in steps), "only the planner's calls count"
-    assert planner >= 0.8, f"the planner's Memory-first rate rose from {planner_before} to {planner} only"
-    assert abs(checker - checker_before) <= 0.1, f"the untrained checker moved from {checker_before} to {checker}"
+    assert all("anchor_kl" in h for h in steps), "the checker's calls are anchored"
+    # Seen: the planner 0.28 -> 0.875 and the checker 0.531 -> 0.531.
+    assert planner >= 0.75, f"the planner's Memory-first rate rose from {planner_before} to {planner} only"
+    assert abs(checker - checker_before) <= 0.05, f"the untrained checker moved from {checker_before} to {checker}"
 
     _, checker_trained, history = results[None]
     assert all(h["transitions"] > h["rollouts"] for h in history if "transitions" in h)
     assert checker_trained >= checker_before + 0.2, "control: training every agent moves the checker"
 
 
-def first_step_reaching(history: list[dict[str, Any]], target: float) -> float:
-    reached = [h["step"] for h in history if h.get("val_reward", -1.0) >= target]
-    return min(reached) if reached else float("inf")
-
-
 async def test_air_reaches_the_target_in_fewer_steps_than_identical_credit(
-    tmp_path: Path, served: tuple[SqlStore, str]
+    tmp_path: Path, trainer_store: tuple[HttpStore, str]
 ) -> None:
-    store, url = served
+    """After the same number of steps AIR has reached the target and identical credit has not: with five calls
+    that must all name memory, identical credit learns only from the rare rollouts where all five did, AIR from
+    every call's tool status."""
+    store, url = trainer_store
     model = build_tool_namer(tmp_path / "model")
-    target, steps = 0.5, 30
-    reached = {}
+    target, steps = 0.2, 12  # seen: AIR 0.33, identical 0.11 (64 rollouts each; 128 here)
+    after = {}
     for credit in ("air", "identical"):
         summary = await train(
-            GRPO(**COMMON, credit=credit, air_alpha=0.5, eval_every=5),
+            GRPO(**COMMON | {"eval_repeats": 32}, credit=credit, air_alpha=0.5),
             store=store,
             url=url,
             model_dir=model,
@@ -98,6 +99,6 @@ async def test_air_reaches_the_target_in_fewer_steps_than_identical_credit(
             agent="tests.workflow_agents:sparse_flight",
         )
         history = summary["history"]
-        assert history[0]["val_reward"] < 0.15, "all three calls naming memory should start out rare (1/27)"
-        reached[credit] = first_step_reaching(history, target)
-    assert reached["air"] < reached["identical"], f"steps to reach {target}: {reached}"
+        assert history[0]["val_reward"] < 0.05, "five calls all naming memory should start out rare (1/243)"
+        after[credit] = history[-1]["val_reward"]
+    assert after["air"] >= target > after["identical"], f"val reward after {steps} steps: {after}"

@@ -141,6 +141,11 @@ async def test_agent_selection_trains_only_the_named_agents(store: LightningStor
         (3, "sql_rewriter"),
     ]
     assert adapted.skipped == {"other_agent_calls": 1}
+    assert adapted.others == []
+    kept = await TransitionAdapter(agents="sql_(writer|rewriter)", keep_others=True).read(store, [claimed.rollout_id])
+    assert [t.step for t in kept.transitions] == [0, 2, 3]
+    assert [(t.step, t.agent_name) for t in kept.others] == [(1, "checker")]
+    assert kept.skipped == {"other_agent_calls": 1}
 
 
 async def test_air_rewards_each_call_by_the_status_of_its_tool_calls(store: LightningStore) -> None:

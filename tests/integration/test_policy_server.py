@@ -68,6 +68,8 @@ async def test_concurrent_requests_share_batches_and_match_the_model(model_dir: 
         expected = teacher_forced_logprobs(server, prompt, tokens)
         assert reported == pytest.approx(expected, abs=1e-4)
         assert answer["usage"]["completion_tokens"] == len(tokens)
+    assert server.generated_tokens == sum(a["usage"]["completion_tokens"] for a in answers)
+    assert server.decode_seconds > 0
 
 
 async def test_a_seeded_request_samples_the_same_tokens_alone_and_in_a_batch(model_dir: Path) -> None:

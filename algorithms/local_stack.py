@@ -1,0 +1,104 @@
+"""The processes of a training run on one machine: ``store serve`` on an embedded SQLite database and ``store run``
+with its worker processes, each a subprocess of the trainer.
+
+Why subprocesses: it is the layout of a deployment, where the store is a service of its own that runners reach
+over HTTP, and ``store train``, the learning tests and the benchmarks all measure that one layout. (It is not
+faster than serving the store inside the trainer's process on 2 vCPUs: there the bound is ``store serve``'s cost
+per request, not the interpreter lock; see docs/benchmarks.md.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+
+from algorithms.serving.local import free_port
+from lightning_store.client import HttpStore
+
+
+class ProcessFailed(RuntimeError):
+    """A stack process exited or never answered; the message ends with the tail of its log."""
+
+
+def store_command() -> list[str]:
+    """The ``store`` CLI of this interpreter's environment (the module form where no script is installed)."""
+    script = shutil.which("store", path=str(Path(sys.executable).parent))
+    return [script] if script else [sys.executable, "-m", "lightning_store.cli"]
+
+
+def log_tail(log: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+@contextlib.contextmanager
+def subprocess_in(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """Runs ``argv`` with its output appended to ``log``; on exit, SIGTERM (graceful shutdown), SIGKILL after 60 s."""
+    with log.open("ab") as sink:
+        process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
+    """Returns once ``store serve`` at ``url`` answers its health route; raises :class:`ProcessFailed` if the
+    process exits first or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ProcessFailed(f"store serve exited with {process.returncode}:\n{log_tail(log)}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/v1/agl/health", timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise ProcessFailed(f"store serve did not answer at {url} within {timeout:.0f} s:\n{log_tail(log)}")
+
+
+@contextlib.contextmanager
+def embedded_store(directory: Path) -> Iterator[str]:
+    """``store serve`` on ``directory/store.db`` (created and migrated if new), logging to
+    ``directory/serve.log``; yields its URL and stops it on exit."""
+    directory.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    database = f"sqlite+aiosqlite:///{(directory / 'store.db').resolve()}"
+    argv = [*store_command(), "serve", "--port", str(port), "--database-url", database, "--log-level", "warning"]
+    log = directory / "serve.log"
+    with subprocess_in(argv, log) as process:
+        wait_healthy(url, process, log)
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def embedded_store_client(directory: Path) -> AsyncIterator[tuple[HttpStore, str]]:
+    """:func:`embedded_store` and a client of it (closed on exit); yields the client and the URL."""
+    with embedded_store(directory) as url:
+        client = HttpStore(url)
+        try:
+            yield client, url
+        finally:
+            await client.close()
+
+
+@contextlib.contextmanager
+def runners(agent: str, url: str, *, workers: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``store run agent`` against the store at ``url`` with ``workers`` worker processes, until exit."""
+    argv = [*store_command(), "run", agent, "--store", url, "--workers", str(workers), "--no-progress"]
+    with subprocess_in(argv, log) as process:
+        yield process

@@ -1,0 +1,181 @@
+"""Time per GRPO step: our whole stack against TRL's ``GRPOTrainer``, on the same model, batch and generation
+length, one after the other in one run; prints both, the ratio, and where our step's time goes.
+
+The task is the cancelled-flight question, single-turn: one completion per rollout, reward 1 when it names
+memory first. Both sides draw ``--prompts`` prompts per step, sample ``--group`` completions of each (at most
+``--max-tokens`` tokens, temperature 1), and take one optimizer step over all of them with the same loss (clipped
+ratio ε 0.2, k3 KL to the starting model with β 0.04, token mean over the batch, micro-batches of 8).
+
+* Ours: ``store serve`` (SQLite) and ``store run`` (``--workers`` processes) as subprocesses; the flight agent
+  calls the policy server through the store's LLM proxy; the trainer waits for the rollouts, adapts them from
+  the store, updates, and serves the new weights (what ``store train`` does).
+* TRL: ``GRPOTrainer`` generating with ``model.generate`` in its own process (no vLLM on a CPU).
+
+The middleware share is the part of our step spent neither decoding (the policy server's time) nor training:
+the store, the proxy, the runners, the adapter and publishing the new weights.
+
+    python -m bench.grpo_step --steps 8
+    python -m bench.grpo_step --model /path/to/SmolLM2-135M-Instruct --steps 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, cast
+
+from algorithms.builtin import GRPO
+from algorithms.local_stack import embedded_store_client, runners
+from algorithms.serving.local import LocalPolicy
+from algorithms.session import TrainingSession
+from examples.flight.agent import SYSTEM, choose_tool
+from examples.flight.model import QUESTIONS, build_tool_namer
+
+WARMUP_STEPS = 1  # the first step of either side pays for one-off work (allocations, lazy imports)
+
+
+def options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "tasks_per_step": args.prompts,
+        "group_size": args.group,
+        "learning_rate": 1e-5,
+        "kl_beta": 0.04,
+        "clip_eps": 0.2,
+        "micro_batch_size": 8,
+        "save_every": 0,
+    }
+
+
+async def ours(model: Path, args: argparse.Namespace, work: Path) -> dict[str, float]:
+    """Median seconds per step of our stack, and the medians of its parts."""
+    tasks = [{"question": q, "steps": 1, "max_tokens": args.max_tokens} for q in QUESTIONS]
+    decode_marks = [0.0]  # the policy server's decode_seconds at the end of each step
+    async with embedded_store_client(work / "store") as (store, url):
+        with (
+            runners("examples.flight.agent:flight_agent", url, workers=args.workers, log=work / "runner.log"),
+            LocalPolicy(model, model_name="policy") as policy,
+        ):
+            session = TrainingSession(
+                store=store,
+                train_tasks=tasks,
+                val_tasks=[],
+                model_dir=model,
+                output_dir=work / "ours",
+                policy=policy,
+                max_steps=args.steps,
+                on_step=lambda step, metrics: decode_marks.append(policy.server.decode_seconds),
+            )
+            summary = await GRPO(**options(args)).train(session)
+    steps = [h for h in summary["history"] if "step_seconds" in h][WARMUP_STEPS:]
+    decode = [b - a for a, b in itertools.pairwise(decode_marks)][WARMUP_STEPS:]
+    rows = []
+    for h, d in zip(steps, decode, strict=True):
+        rows.append(
+            {
+                "step": h["step_seconds"],
+                "decode": d,
+                "train": h["train_seconds"],
+                "store_proxy_runners": h["collect_seconds"] - d,
+                "adapt": h["adapt_seconds"],
+                "publish": h["publish_seconds"],
+                "tokens": h["train_tokens_per_second"] * h["update_seconds"],
+                "reward": h["reward_mean"],
+            }
+        )
+    return {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+
+
+def trl(model: Path, args: argparse.Namespace, work: Path) -> dict[str, float]:
+    """Median seconds per step of TRL's GRPOTrainer on the same model, batch and loss."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    marks: list[float] = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, *a: Any, **k: Any) -> None:
+            marks.append(time.perf_counter())
+
+        def on_step_end(self, *a: Any, **k: Any) -> None:
+            marks.append(time.perf_counter())
+
+    def memory_first(completions: list[Any], **kwargs: Any) -> list[float]:
+        return [float(choose_tool(c[0]["content"] if isinstance(c, list) else c) == "memory") for c in completions]
+
+    prompts = [
+        {"prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]}
+        for q in QUESTIONS * (args.steps * args.prompts // len(QUESTIONS) + 1)
+    ]
+    o = options(args)
+    config = GRPOConfig(
+        output_dir=str(work / "trl"),
+        use_cpu=True,
+        max_steps=args.steps,
+        per_device_train_batch_size=o["micro_batch_size"],
+        gradient_accumulation_steps=args.prompts * args.group // o["micro_batch_size"],
+        num_generations=args.group,
+        max_completion_length=args.max_tokens,
+        temperature=1.0,
+        beta=o["kl_beta"],
+        epsilon=o["clip_eps"],
+        learning_rate=o["learning_rate"],
+        loss_type="dapo",
+        num_iterations=1,
+        save_strategy="no",
+        logging_steps=1,
+        report_to="none",
+        disable_dropout=True,
+        seed=0,
+    )
+    trainer = GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(model),
+        processing_class=AutoTokenizer.from_pretrained(model),
+        reward_funcs=cast(Any, memory_first),
+        args=config,
+        train_dataset=Dataset.from_list(prompts),
+        callbacks=[StepTimer()],
+    )
+    trainer.train()
+    durations = [end - begin for begin, end in zip(marks[::2], marks[1::2], strict=True)][WARMUP_STEPS:]
+    logged = [h for h in trainer.state.log_history if "reward" in h][WARMUP_STEPS:]
+    return {
+        "step": statistics.median(durations),
+        "tokens": statistics.median(h.get("completions/mean_length", 0.0) * args.prompts * args.group for h in logged),
+        "reward": statistics.median(h["reward"] for h in logged),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, help="A model directory (default: the tiny flight model, built now).")
+    parser.add_argument("--steps", type=int, default=8, help="GRPO steps per side (the first is not counted).")
+    parser.add_argument("--prompts", type=int, default=8, help="Prompts (tasks) per step.")
+    parser.add_argument("--group", type=int, default=8, help="Completions per prompt (G).")
+    parser.add_argument("--max-tokens", type=int, default=16, help="Longest completion.")
+    parser.add_argument("--workers", type=int, default=4, help="Our runner worker processes.")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        model = args.model or build_tool_namer(work / "model")
+        print(f"model {model.name}, {args.prompts}×{args.group} completions of ≤{args.max_tokens} tokens per step")
+        mine = asyncio.run(ours(model, args, work))
+        theirs = trl(model, args, work)
+    middleware = mine["store_proxy_runners"] + mine["adapt"] + mine["publish"]
+    print(f"{'':>22} {'s/step':>8} {'tokens':>8} {'reward':>7}")
+    print(f"{'ours':>22} {mine['step']:8.2f} {mine['tokens']:8.0f} {mine['reward']:7.2f}")
+    print(f"{'TRL GRPOTrainer':>22} {theirs['step']:8.2f} {theirs['tokens']:8.0f} {theirs['reward']:7.2f}")
+    print(f"ratio TRL/ours (above 1: ours is faster): {theirs['step'] / mine['step']:.2f}")
+    print("our step, median seconds:")
+    for part in ("decode", "train", "store_proxy_runners", "adapt", "publish"):
+        print(f"  {part:>20} {mine[part]:7.2f}  {mine[part] / mine['step']:6.1%}")
+    print(f"  {'middleware share':>20} {middleware:7.2f}  {middleware / mine['step']:6.1%}")
+
+
+if __name__ == "__main__":
+    main()
