@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shlex
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,6 +22,8 @@ from rich.table import Table
 
 from algorithms.base import load_algorithm, registered
 from algorithms.local_stack import ProcessFailed, embedded_store, runners
+from algorithms.session import ServedPolicy
+from lightning_store.settings import PolicyServerSettings, load_policy_server_settings
 
 algorithms = typer.Typer(help="Training algorithms registered through the lightning_store.algorithms entry points.")
 console = Console(stderr=True)
@@ -82,8 +86,22 @@ def train(
     workers: Annotated[int, typer.Option(min=1, help="Runner worker processes.")] = 4,
     store: Annotated[str | None, typer.Option(help="A store server URL (default: serve one on SQLite).")] = None,
     resume: Annotated[bool, typer.Option(help="Continue from the newest checkpoint in --output.")] = True,
+    policy_server: Annotated[
+        str | None, typer.Option(help="transformers (built in, the default) or vllm.", show_default=False)
+    ] = None,
+    vllm_python: Annotated[
+        str | None, typer.Option(help="The Python of a virtualenv with vLLM (--policy-server vllm).")
+    ] = None,
+    vllm_args: Annotated[str | None, typer.Option(help="Extra arguments of the vLLM server, quoted as one.")] = None,
 ) -> None:
     """Train an agent: store, policy server, runners and trainer on this machine."""
+    try:
+        serving = load_policy_server_settings(policy_server=policy_server, vllm_python=vllm_python, vllm_args=vllm_args)
+    except ValidationError as error:
+        raise typer.BadParameter(str(error), param_hint="--policy-server") from None
+    if serving.policy_server == "vllm" and not serving.vllm_python:
+        missing = "vLLM needs the interpreter of its virtualenv (or LIGHTNING_STORE_VLLM_PYTHON)"
+        raise typer.BadParameter(missing, param_hint="--vllm-python")
     try:
         algorithm_class = load_algorithm(algorithm)
     except KeyError as error:
@@ -102,20 +120,59 @@ def train(
             console.print(f"[red]{error}[/red]")
             raise typer.Exit(code=1) from None
         stack.enter_context(runners(agent, url, workers=workers, log=output / "runner.log"))
-        summary = asyncio.run(_train(instance, url, tasks, val_tasks, model, output, steps, resume))
+        served = stack.enter_context(_policy(serving, model, output))
+        summary = asyncio.run(_train(instance, url, tasks, val_tasks, model, output, steps, resume, served))
     console.print_json(json.dumps(summary["history"][-1] if summary["history"] else {}))
 
 
+@contextlib.contextmanager
+def _policy(settings: PolicyServerSettings, model: Path, output: Path) -> Iterator[ServedPolicy]:
+    """The policy server the settings name, started (and stopped on exit)."""
+    from algorithms.serving.local import LocalPolicy
+
+    if settings.policy_server == "transformers":
+        with LocalPolicy(model, model_name=model.name) as local:
+            yield local
+        return
+    from algorithms.serving.vllm import VllmFailed, VllmPolicy
+
+    assert settings.vllm_python is not None
+    vllm = VllmPolicy(
+        model,
+        python=settings.vllm_python,
+        work_dir=output / "vllm",
+        model_name=model.name,
+        swap=settings.vllm_swap,
+        extra_args=shlex.split(settings.vllm_args),
+    )
+    try:
+        vllm.start()
+    except VllmFailed as error:
+        console.print(f"[red]{error}[/red]")
+        raise typer.Exit(code=1) from None
+    try:
+        yield vllm
+    finally:
+        vllm.stop()
+
+
 async def _train(
-    instance: Any, url: str, tasks: list[Any], val_tasks: list[Any], model: Path, output: Path, steps: int, resume: bool
+    instance: Any,
+    url: str,
+    tasks: list[Any],
+    val_tasks: list[Any],
+    model: Path,
+    output: Path,
+    steps: int,
+    resume: bool,
+    policy: ServedPolicy,
 ) -> dict[str, Any]:
     from algorithms.progress import TrainingProgress
-    from algorithms.serving.local import LocalPolicy
     from algorithms.session import TrainingSession
     from lightning_store.connect import connect
 
     client = await connect(url)
-    with LocalPolicy(model, model_name=model.name) as policy, TrainingProgress(steps) as progress:
+    with TrainingProgress(steps) as progress:
         session = TrainingSession(
             store=client,
             train_tasks=tasks,

@@ -5,7 +5,7 @@ Every field is documented in ``docs/reference/env.md``; keep the two in step.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -72,3 +72,23 @@ class RunnerSettings(BaseSettings):
         description="OpenInference instrumentation at worker start-up: auto (every installed framework the "
         "agent imported), none, or a comma list of frameworks (langchain, openai-agents).",
     )
+
+
+class PolicyServerSettings(BaseSettings):
+    """Which server ``store train`` serves the policy being trained with."""
+
+    model_config = SettingsConfigDict(env_prefix="LIGHTNING_STORE_", extra="ignore")
+
+    policy_server: Literal["transformers", "vllm"] = Field(
+        default="transformers",
+        description="transformers: the built-in server in the trainer's process; vllm: vLLM in its own virtualenv.",
+    )
+    vllm_python: str | None = Field(default=None, description="The Python interpreter of the virtualenv with vLLM.")
+    vllm_args: str = Field(default="", description="Extra arguments of the vLLM server (split like a shell does).")
+    vllm_swap: Literal["auto", "reload", "restart"] = Field(
+        default="auto", description="How vLLM takes a new policy version: auto (reload on CUDA, else restart)."
+    )
+
+
+def load_policy_server_settings(**overrides: Any) -> PolicyServerSettings:
+    return PolicyServerSettings(**{k: v for k, v in overrides.items() if v is not None})

@@ -52,15 +52,17 @@ def build_tool_namer(
     steps: int = 120,
     seed: int = 0,
     roles: Sequence[tuple[str, Sequence[str]]] = ((SYSTEM, NAMES),),
+    heads: int = 4,
 ) -> Path:
     """A tiny Qwen2 fine-tuned to answer the flight prompt with one tool name, each about a third of the time
     (the maximum-likelihood fit of a uniform mixture): the untrained starting point of the learning tests.
-    ``roles`` lists (system prompt, answers) pairs; each is learnt the same way (answers equally likely)."""
+    ``roles`` lists (system prompt, answers) pairs; each is learnt the same way (answers equally likely).
+    ``heads``: attention heads of the 64-wide model (vLLM's CPU kernels need 2, a head size of 32)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     answers = [answer for _, role_answers in roles for answer in role_answers]
     corpus = [*(system for system, _ in roles), *QUESTIONS, *answers, CHAT_TEMPLATE]
-    build_tiny_model(path, corpus=corpus, vocab_size=384, hidden_size=64, layers=2, heads=4, seed=seed)
+    build_tiny_model(path, corpus=corpus, vocab_size=384, hidden_size=64, layers=2, heads=heads, seed=seed)
     tokenizer: Any = AutoTokenizer.from_pretrained(path)
     model: Any = AutoModelForCausalLM.from_pretrained(path)
     rows = []

@@ -4,6 +4,7 @@ and the policy server, trains, checkpoints, and resumes from the checkpoint when
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -16,13 +17,19 @@ from examples.flight.model import TRAIN_TASKS, VAL_TASKS, build_tool_namer
 pytestmark = pytest.mark.slow
 
 
-def store_train(tmp_path: Path, steps: int) -> subprocess.CompletedProcess[str]:
+VLLM_PYTHON = os.environ.get("LIGHTNING_STORE_TEST_VLLM_PYTHON")
+
+
+def store_train(
+    tmp_path: Path, steps: int, *extra: str, timeout: float = 240, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "lightning_store.cli", "train", "--algorithm", "grpo"]
     argv += ["--agent", "examples.flight.agent:flight_agent", "--model", str(tmp_path / "model")]
     argv += ["--train", str(tmp_path / "train.jsonl"), "--val", str(tmp_path / "val.jsonl")]
     argv += ["--config", str(tmp_path / "grpo.yaml"), "--steps", str(steps), "--workers", "2"]
-    argv += ["--output", str(tmp_path / "run")]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=Path(__file__).parents[2])
+    argv += ["--output", str(tmp_path / "run"), *extra]
+    cwd = Path(__file__).parents[2]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 
 def test_store_train_runs_checkpoints_and_resumes(tmp_path: Path) -> None:
@@ -55,3 +62,41 @@ def test_bad_config_is_refused_before_anything_starts(tmp_path: Path) -> None:
     result = store_train(tmp_path, steps=1)
     assert result.returncode != 0 and "group_sise" in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_vllm_without_its_interpreter_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    build_tool_namer(tmp_path / "model", steps=1)
+    (tmp_path / "train.jsonl").write_text(json.dumps(TRAIN_TASKS[0]) + "\n")
+    (tmp_path / "val.jsonl").write_text(json.dumps(VAL_TASKS[0]) + "\n")
+    (tmp_path / "grpo.yaml").write_text("group_size: 2\n")
+    env = {k: v for k, v in os.environ.items() if k != "LIGHTNING_STORE_VLLM_PYTHON"}
+    result = store_train(tmp_path, 1, "--policy-server", "vllm", env=env)
+    assert result.returncode != 0 and "--vllm-python" in result.stderr
+    result = store_train(tmp_path, 1, "--policy-server", "tgi", env=env)
+    assert result.returncode != 0 and "policy_server" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(not VLLM_PYTHON, reason="LIGHTNING_STORE_TEST_VLLM_PYTHON names no vLLM interpreter")
+def test_store_train_serves_the_policy_with_vllm(tmp_path: Path) -> None:
+    """One GRPO step with vLLM serving the policy: the rollouts before the step and the evaluation after it are
+    answered by vLLM (token ids recorded by the proxy), and the step's weights are swapped into it."""
+    build_tool_namer(tmp_path / "model", steps=20, heads=2)
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TRAIN_TASKS[:2]))
+    (tmp_path / "val.jsonl").write_text(json.dumps(VAL_TASKS[0]) + "\n")
+    (tmp_path / "grpo.yaml").write_text("tasks_per_step: 2\ngroup_size: 2\neval_repeats: 2\nlearning_rate: 1.0e-4\n")
+    vllm = ["--policy-server", "vllm", "--vllm-args", "--dtype float32 --enforce-eager --max-model-len 512"]
+    env = os.environ | {"LIGHTNING_STORE_VLLM_PYTHON": str(VLLM_PYTHON), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env |= {"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
+    result = store_train(tmp_path, 1, *vllm, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "run" / "step-1" / "config.json").exists()
+    assert (tmp_path / "run" / "vllm" / "v1" / "model.safetensors").exists()
+    assert "vllm" in (tmp_path / "run" / "vllm" / "vllm.log").read_text().lower()
+    with sqlite3.connect(tmp_path / "run" / "store.db") as db:
+        versions = db.execute(
+            "SELECT resources_version, count(*) FROM llm_calls WHERE json_array_length(response_token_ids) > 0"
+            " GROUP BY resources_version ORDER BY resources_version"
+        ).fetchall()
+    assert [version for version, _ in versions] == [1, 2], versions  # before the step, and the evaluation after
