@@ -40,20 +40,25 @@ def log_tail(log: Path, lines: int = 30) -> str:
         return "(no log)"
 
 
+def terminate(process: subprocess.Popen[bytes], grace: float = 60.0) -> None:
+    """SIGTERM (a graceful shutdown), then SIGKILL if ``process`` still runs after ``grace`` seconds."""
+    process.terminate()
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 @contextlib.contextmanager
 def subprocess_in(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """Runs ``argv`` with its output appended to ``log``; on exit, SIGTERM (graceful shutdown), SIGKILL after 60 s."""
+    """Runs ``argv`` with its output appended to ``log``; on exit, :func:`terminate`."""
     with log.open("ab") as sink:
         process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
     try:
         yield process
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        terminate(process)
 
 
 def wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:

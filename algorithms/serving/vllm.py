@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import httpx
 
-from algorithms.local_stack import log_tail
+from algorithms.local_stack import log_tail, terminate
 from algorithms.serving.local import free_port
 from lightning_store.resources import LLM
 
@@ -112,14 +112,8 @@ class VllmPolicy:
 
     def stop(self) -> None:
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if process is not None and process.poll() is None:
+            terminate(process)
 
     def llm(self) -> LLM:
         return LLM(endpoint=self.base_url, model=self.model_name, sampling_parameters={"temperature": 1.0})
