@@ -4,10 +4,11 @@
   with its own system prompt) says yes or no. Reward: 0.5 if the planner named memory plus 0.5 if the checker
   said yes. Each LLM call carries its agent's name (``metadata.agent_name``, which the proxy records), so a
   trainer can select the planner's calls only.
-* ``sparse_flight``: the planner is asked five times (the same prompt each time, no history); only memory may
-  be called, the other tools fail (an ERROR tool span). The reward is 1 only when all five calls named memory
-  (1/243 for a model that names each tool a third of the time): a sparse final reward, with the tool statuses
-  as the intermediate signal that AIR credit assignment uses.
+* ``sparse_flight``: the planner is asked eight times (the same prompt each time, no history); only memory may
+  be called, the other tools fail (an ERROR tool span). The reward is 1 only when all eight calls named memory
+  (1/6561 for a model that names each tool a third of the time): a sparse final reward, with the tool statuses
+  as the intermediate signal that AIR credit assignment uses. Eight and not fewer: with five (1/243) a lucky
+  early success sometimes let identical credit learn as fast as AIR, and the comparison became a coin toss.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def planner_and_checker(task: dict[str, Any], llm: LLM) -> float:
     return 0.5 * (tool == "memory") + 0.5 * (verdict == "yes")
 
 
-SPARSE_CALLS = 5
+SPARSE_CALLS = 8
 
 
 class ToolRefused(RuntimeError):
