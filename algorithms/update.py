@@ -84,13 +84,19 @@ def _batch(policy: TrainablePolicy, transitions: Sequence[Transition], indices: 
 
 @torch.no_grad()
 def measure(
-    policy: TrainablePolicy, transitions: Sequence[Transition], micro_batch_size: int, *, old_logprobs: bool = True
+    policy: TrainablePolicy,
+    transitions: Sequence[Transition],
+    micro_batch_size: int,
+    *,
+    old_logprobs: bool = True,
+    with_values: bool = True,
 ) -> Rollouts:
     """Old (pre-update) log-probs, reference log-probs and values of every transition. With ``old_logprobs``
-    False the policy's own pass is skipped unless its value head needs it (``Rollouts.old_logprobs`` is None)."""
+    False the policy's own pass is skipped unless its value head needs it (``with_values``)
+    (``Rollouts.old_logprobs`` is None)."""
     policy.model.eval()
     width = max(len(t.response_ids) for t in transitions)
-    own_pass = old_logprobs or policy.value_head is not None
+    own_pass = old_logprobs or (with_values and policy.value_head is not None)
     olds, refs, values, masks = [], [], [], []
     for chunk in _chunks(range(len(transitions)), micro_batch_size):
         batch = _batch(policy, transitions, chunk)
@@ -112,14 +118,11 @@ def measure(
 
 @torch.no_grad()
 def anchor(policy: TrainablePolicy, transitions: Sequence[Transition], micro_batch_size: int, beta: float) -> Anchors:
-    """:class:`Anchors` of ``transitions``: their reference log-probs, measured now."""
-    width = max(len(t.response_ids) for t in transitions)
-    refs, masks = [], []
-    for chunk in _chunks(range(len(transitions)), micro_batch_size):
-        batch = _batch(policy, transitions, chunk)
-        refs += list(policy.forward(batch, reference=True).logprobs)
-        masks += list(batch.response_mask)
-    return Anchors(transitions, _pad_rows(refs, width), _pad_rows(masks, width), beta)
+    """:class:`Anchors` of ``transitions``: their reference log-probs, measured now (the reference pass only)."""
+    measured = measure(policy, transitions, micro_batch_size, old_logprobs=False, with_values=False)
+    if measured.ref_logprobs is None:
+        raise ValueError("anchors need the policy's reference (TrainablePolicy(reference=True))")
+    return Anchors(transitions, measured.ref_logprobs, measured.mask, beta)
 
 
 def _anchor_step(
@@ -161,9 +164,10 @@ def update(
     the optimizer steps of each epoch, a share of them in each."""
     started = time.perf_counter()
     policy.model.train()
-    totals = dict.fromkeys(("pg", "kl", "clipped", "tokens", "entropy", "loss", "value_loss"), 0.0)
-    totals |= {"anchor_kl": 0.0, "anchor_tokens": 0.0}
-    mismatch = [0.0, 0.0]  # |behaviour - old| log-prob summed over tokens that carry a behaviour log-prob, count
+    if rollouts.old_logprobs is None and settings.epochs * settings.mini_batches != 1:
+        raise ValueError("old log-probs may come from the training pass only in a single step")
+    names = ("pg", "kl", "clipped", "tokens", "entropy", "loss", "value_loss", "anchor_kl", "anchor_tokens")
+    totals = dict.fromkeys((*names, "mismatch", "mismatch_tokens"), 0.0)
     grad_norms = []
     order = list(range(len(transitions)))
     rng = random.Random(settings.seed)
@@ -171,7 +175,7 @@ def update(
         rng.shuffle(order)
         mini_size = math.ceil(len(order) / settings.mini_batches)
         minis = _chunks(order, mini_size)
-        anchor_rows: list[list[int]] = []
+        anchor_rows: list[list[int]] = []  # the anchors' share of each mini-batch
         if anchors is not None and anchors.transitions:
             count = len(anchors.transitions)
             anchor_rows = _chunks(range(count), math.ceil(count / len(minis)))
@@ -184,14 +188,10 @@ def update(
                 width = out.logprobs.shape[1]
                 mask = rollouts.mask[micro, :width]
                 ref = rollouts.ref_logprobs[micro, :width] if rollouts.ref_logprobs is not None else None
-                if rollouts.old_logprobs is None:
-                    if settings.epochs * settings.mini_batches != 1:
-                        raise ValueError("old log-probs may come from the training pass only in a single step")
-                    old = out.logprobs.detach()
-                else:
-                    old = rollouts.old_logprobs[micro, :width]
+                olds = rollouts.old_logprobs
+                old = out.logprobs.detach() if olds is None else olds[micro, :width]
                 if epoch == 0:
-                    _add_mismatch(mismatch, [transitions[i].logprobs for i in micro], old)
+                    _add_mismatch(totals, [transitions[i].logprobs for i in micro], old)
                 terms = policy_loss(
                     out.logprobs,
                     old,
@@ -244,17 +244,18 @@ def update(
         metrics["value_loss"] = totals["value_loss"] / tokens
     if totals["anchor_tokens"]:
         metrics["anchor_kl"] = totals["anchor_kl"] / totals["anchor_tokens"]
-    if mismatch[1]:
-        metrics["logprob_mismatch"] = mismatch[0] / mismatch[1]
+    if totals["mismatch_tokens"]:
+        metrics["logprob_mismatch"] = totals["mismatch"] / totals["mismatch_tokens"]
     return metrics
 
 
-def _add_mismatch(acc: list[float], behaviour: Sequence[list[float] | None], old: torch.Tensor) -> None:
-    """Adds the summed ``|behaviour - old|`` log-prob and the token count of the rows that carry behaviour
-    log-probs (the policy server's, as the proxy recorded them) to ``acc``."""
+def _add_mismatch(totals: dict[str, float], behaviour: Sequence[list[float] | None], old: torch.Tensor) -> None:
+    """Adds to ``totals`` the summed ``|behaviour - old|`` log-prob (``mismatch``) and the token count
+    (``mismatch_tokens``) of the rows that carry behaviour log-probs (the policy server's, as the proxy recorded
+    them)."""
     for row, logprobs in enumerate(behaviour):
         if not logprobs:
             continue
         n = min(len(logprobs), old.shape[1])
-        acc[0] += float((torch.tensor(logprobs[:n]) - old[row, :n].float()).abs().sum())
-        acc[1] += n
+        totals["mismatch"] += float((torch.tensor(logprobs[:n]) - old[row, :n].float()).abs().sum())
+        totals["mismatch_tokens"] += n

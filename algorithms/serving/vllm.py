@@ -77,7 +77,6 @@ class VllmPolicy:
         self.swap = _resolve(swap)
         self.extra_args = list(extra_args)
         self.startup_timeout = startup_timeout
-        self.version = 0
         self.served_dir = self.model_dir
         self.log = self.work_dir / "vllm.log"
         self._process: subprocess.Popen[bytes] | None = None
@@ -140,7 +139,6 @@ class VllmPolicy:
             self.stop()
             self.served_dir = target
             self.start()
-        self.version = version
         if previous != self.model_dir and previous.parent == self.work_dir:
             shutil.rmtree(previous, ignore_errors=True)
 
