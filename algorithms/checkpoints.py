@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from algorithms.policy import TrainablePolicy
+    from algorithms.trainers import Trainer
 
 PREFIX = "step-"
 
@@ -32,13 +32,13 @@ def resume_point(output_dir: Path, resume: bool) -> tuple[int, Path | None]:
     return steps[-1], output_dir / f"{PREFIX}{steps[-1]}"
 
 
-def save(policy: TrainablePolicy, output_dir: Path, step: int, keep: int) -> Path:
+def save(trainer: Trainer, output_dir: Path, step: int, keep: int) -> Path:
     """Save step ``step`` (to a temporary name first, so a crash never leaves a half checkpoint that looks
     complete) and delete all but the ``keep`` newest."""
     final = output_dir / f"{PREFIX}{step}"
     partial = output_dir / f".partial-{PREFIX}{step}"
     shutil.rmtree(partial, ignore_errors=True)
-    policy.save(partial)
+    trainer.save(partial)
     shutil.rmtree(final, ignore_errors=True)
     partial.rename(final)
     for old in saved_steps(output_dir)[:-keep]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import shlex
 from collections.abc import Iterator
@@ -23,7 +24,12 @@ from rich.table import Table
 from algorithms.base import load_algorithm, registered
 from algorithms.local_stack import ProcessFailed, embedded_store, runners
 from algorithms.session import ServedPolicy
-from lightning_store.settings import PolicyServerSettings, load_policy_server_settings
+from lightning_store.settings import (
+    PolicyServerSettings,
+    TrainerSettings,
+    load_policy_server_settings,
+    load_trainer_settings,
+)
 
 algorithms = typer.Typer(help="Training algorithms registered through the lightning_store.algorithms entry points.")
 console = Console(stderr=True)
@@ -93,12 +99,34 @@ def train(
         str | None, typer.Option(help="The Python of a virtualenv with vLLM (--policy-server vllm).")
     ] = None,
     vllm_args: Annotated[str | None, typer.Option(help="Extra arguments of the vLLM server, quoted as one.")] = None,
+    trainer: Annotated[
+        str | None, typer.Option(help="torch (in this process, the default) or deepspeed.", show_default=False)
+    ] = None,
+    processes: Annotated[
+        int | None, typer.Option(help="DeepSpeed ranks, this process included [default: 2].", show_default=False)
+    ] = None,
+    zero_stage: Annotated[int | None, typer.Option(help="DeepSpeed ZeRO stage, 1 or 2 [default: 2].")] = None,
+    deepspeed_config: Annotated[
+        Path | None, typer.Option(help="JSON file of DeepSpeed options over the generated ones.", exists=True)
+    ] = None,
 ) -> None:
     """Train an agent: store, policy server, runners and trainer on this machine."""
     try:
         serving = load_policy_server_settings(policy_server=policy_server, vllm_python=vllm_python, vllm_args=vllm_args)
     except ValidationError as error:
         raise typer.BadParameter(str(error), param_hint="--policy-server") from None
+    try:
+        training = load_trainer_settings(
+            trainer=trainer,
+            trainer_processes=processes,
+            deepspeed_zero_stage=zero_stage,
+            deepspeed_config=str(deepspeed_config) if deepspeed_config else None,
+        )
+    except ValidationError as error:
+        raise typer.BadParameter(str(error), param_hint="--trainer") from None
+    if training.trainer == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+        missing = "the deepspeed trainer needs DeepSpeed: pip install 'lightning-store[deepspeed]'"
+        raise typer.BadParameter(missing, param_hint="--trainer")
     if serving.policy_server == "vllm" and not serving.vllm_python:
         missing = "vLLM needs the interpreter of its virtualenv (or LIGHTNING_STORE_VLLM_PYTHON)"
         raise typer.BadParameter(missing, param_hint="--vllm-python")
@@ -121,7 +149,7 @@ def train(
             raise typer.Exit(code=1) from None
         stack.enter_context(runners(agent, url, workers=workers, log=output / "runner.log"))
         served = stack.enter_context(_policy(serving, model, output))
-        summary = asyncio.run(_train(instance, url, tasks, val_tasks, model, output, steps, resume, served))
+        summary = asyncio.run(_train(instance, url, tasks, val_tasks, model, output, steps, resume, served, training))
     console.print_json(json.dumps(summary["history"][-1] if summary["history"] else {}))
 
 
@@ -166,6 +194,7 @@ async def _train(
     steps: int,
     resume: bool,
     policy: ServedPolicy,
+    trainer: TrainerSettings,
 ) -> dict[str, Any]:
     from algorithms.progress import TrainingProgress
     from algorithms.session import TrainingSession
@@ -183,6 +212,7 @@ async def _train(
             max_steps=steps,
             resume=resume,
             on_step=progress.update,
+            trainer=trainer,
         )
         try:
             result: dict[str, Any] = await instance.train(session)

@@ -25,6 +25,7 @@ from lightning_store.models import RolloutConfig
 if TYPE_CHECKING:
     import torch
 
+    from algorithms.trainers import Trainer
     from algorithms.update import Rollouts
 
 
@@ -96,21 +97,29 @@ class LightningRL(Algorithm):
         return TransitionAdapter(credit=credit_assignment(c.credit, **options), agents=c.agents, keep_others=anchored)
 
     async def train(self, session: TrainingSession) -> dict[str, Any]:
-        from algorithms.policy import TrainablePolicy
+        from algorithms.trainers import PolicySpec, open_trainer
 
         c = self.config
         start, checkpoint = checkpoints.resume_point(session.output_dir, session.resume)
-        policy = await asyncio.to_thread(
-            TrainablePolicy,
-            session.model_dir,
-            learning_rate=c.learning_rate,
+        spec = PolicySpec(session.model_dir, c.learning_rate, self.value_head, c.lora, checkpoint)
+        trainer = await asyncio.to_thread(
+            open_trainer,
+            session.trainer,
+            spec,
             reference=c.kl_beta > 0 or c.anchor_beta > 0,
-            value_head=self.value_head,
-            lora=c.lora,
-            checkpoint=checkpoint,
+            micro_batch_size=c.micro_batch_size,
+            max_grad_norm=c.max_grad_norm,
+            log_dir=session.output_dir,
         )
-        if checkpoint is not None:
-            policy.load_optimizer(checkpoint)
+        try:
+            return await self._train(session, trainer, start, resumed=checkpoint is not None)
+        finally:
+            await asyncio.to_thread(trainer.close)
+
+    async def _train(self, session: TrainingSession, trainer: Trainer, start: int, *, resumed: bool) -> dict[str, Any]:
+        c = self.config
+        policy = trainer.policy
+        if resumed:
             session.policy.load_state(policy.state_dict(), start)
         store = session.store
         # The store's version of the policy resources is what the proxy stamps on each LLM call: staleness is
@@ -152,7 +161,7 @@ class LightningRL(Algorithm):
                 if stale:
                     transitions = [t for t, lag in zip(transitions, lags, strict=True) if lag <= c.max_staleness]
                     lags = [lag for lag in lags if lag <= c.max_staleness]
-                metrics = await asyncio.to_thread(self._step, policy, transitions, adapted.others)
+                metrics = await asyncio.to_thread(self._step, trainer, transitions, adapted.others)
                 updated = time.perf_counter()
                 session.policy.load_state(policy.state_dict(), step + 1)
                 published = await store.update_resources(
@@ -180,7 +189,7 @@ class LightningRL(Algorithm):
                     metrics |= await self._evaluate(session, step + 1, rollout_config)
                 await log.log(step + 1, metrics)
                 if (c.save_every and (step + 1) % c.save_every == 0) or step + 1 == session.max_steps:
-                    await asyncio.to_thread(checkpoints.save, policy, session.output_dir, step + 1, c.keep_checkpoints)
+                    await asyncio.to_thread(checkpoints.save, trainer, session.output_dir, step + 1, c.keep_checkpoints)
         except BaseException:
             await log.finish(succeeded=False)
             raise
@@ -192,8 +201,10 @@ class LightningRL(Algorithm):
             session.store, session.val_tasks, self.config.eval_repeats, step=step, config=config
         )
 
-    def _step(self, policy: Any, transitions: list[Any], others: list[Any]) -> dict[str, float]:
-        from algorithms.update import UpdateSettings, anchor, measure, update
+    def _step(self, trainer: Trainer, transitions: list[Any], others: list[Any]) -> dict[str, float]:
+        from algorithms.update import UpdateJob, UpdateSettings, anchor, measure
+
+        policy = trainer.policy
 
         if not transitions:
             return {"trained_transitions": 0.0}
@@ -218,9 +229,8 @@ class LightningRL(Algorithm):
         )
         kept = [transitions[i] for i in estimate.keep]
         anchors = anchor(policy, others, c.micro_batch_size, c.anchor_beta) if others else None
-        return metrics | update(
-            policy, kept, estimate.per_token, rollouts.select(estimate.keep), settings, estimate.returns, anchors
-        )
+        job = UpdateJob(kept, estimate.per_token, rollouts.select(estimate.keep), settings, estimate.returns, anchors)
+        return metrics | trainer.update(job)
 
     def update_options(self) -> dict[str, float]:
         """Extra :class:`UpdateSettings` fields of a subclass (PPO's value loss)."""

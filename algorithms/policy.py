@@ -144,10 +144,11 @@ class TrainablePolicy:
             return state
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
-    def save(self, directory: str | Path) -> Path:
+    def save(self, directory: str | Path, *, optimizer: bool = True) -> Path:
         """Save a checkpoint that ``from_pretrained`` (and this class) loads: merged weights, tokenizer, value
-        head, optimizer state; with LoRA also the adapters alone in ``adapter/`` (what a resumed run loads on
-        top of the base model, which stays its reference)."""
+        head, optimizer state (unless ``optimizer`` is False: a data-parallel trainer saves its own); with LoRA
+        also the adapters alone in ``adapter/`` (what a resumed run loads on top of the base model, which stays
+        its reference)."""
         target = Path(directory)
         target.mkdir(parents=True, exist_ok=True)
         if self.lora:
@@ -157,7 +158,8 @@ class TrainablePolicy:
         self.tokenizer.save_pretrained(target)
         if self.value_head is not None:
             torch.save(self.value_head.state_dict(), target / VALUE_HEAD_FILE)
-        torch.save(self.optimizer.state_dict(), target / "optimizer.pt")
+        if optimizer:
+            torch.save(self.optimizer.state_dict(), target / "optimizer.pt")
         return target
 
     def load_optimizer(self, directory: str | Path) -> bool:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from lightning_store.contract import LightningStore
 from lightning_store.models import AttemptedRollout, AttemptStatus
 from lightning_store.resources import LLM
+from lightning_store.settings import TrainerSettings
 from lightning_store.spans import Span
 
 STEP_SPAN = "lightning_store.train.step"
@@ -78,7 +79,8 @@ class MetricsLog:
 @dataclass
 class TrainingSession:
     """Everything ``Algorithm.train`` needs. ``output_dir`` receives checkpoints (``step-N``) and is where a
-    resumed run continues from; ``max_steps`` bounds the run."""
+    resumed run continues from; ``max_steps`` bounds the run; ``trainer`` picks the training backend
+    (default: the environment's, else the policy update in this process)."""
 
     store: LightningStore
     train_tasks: Sequence[Any]
@@ -89,3 +91,4 @@ class TrainingSession:
     max_steps: int = 10
     resume: bool = True
     on_step: Callable[[int, dict[str, float]], None] = lambda step, metrics: None
+    trainer: TrainerSettings = field(default_factory=TrainerSettings)

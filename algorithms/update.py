@@ -20,8 +20,9 @@ from dataclasses import dataclass
 import torch
 
 from adapters import Transition
+from algorithms.optimization import LocalOptimization, Optimization
 from algorithms.pg_core import policy_loss, token_entropy_sum, value_loss
-from algorithms.policy import TokenBatch, TrainablePolicy, token_batch
+from algorithms.policy import Forward, TokenBatch, TrainablePolicy, token_batch
 
 
 @dataclass
@@ -126,13 +127,21 @@ def anchor(policy: TrainablePolicy, transitions: Sequence[Transition], micro_bat
 
 
 def _anchor_step(
-    policy: TrainablePolicy, anchors: Anchors, rows: list[int], settings: UpdateSettings, totals: dict[str, float]
+    policy: TrainablePolicy,
+    anchors: Anchors,
+    rows: list[int],
+    settings: UpdateSettings,
+    optimization: Optimization,
+    totals: dict[str, float],
 ) -> None:
     """Accumulates the gradient of ``beta`` × the token-mean k3 KL of anchor ``rows`` (the policy-gradient
-    core with zero advantages: only its KL term is left)."""
-    tokens = float(anchors.mask[rows].sum())
-    for micro in _chunks(rows, settings.micro_batch_size):
-        out = policy.forward(_batch(policy, anchors.transitions, micro))
+    core with zero advantages: only its KL term is left); this rank's share of them."""
+    norm = float(anchors.mask[rows].sum()) / optimization.world
+    for micro in _shard(rows, settings.micro_batch_size, optimization):
+        out = policy.forward(_batch(policy, anchors.transitions, micro or rows[:1]))
+        if micro is None:
+            optimization.backward(_nothing(out))
+            continue
         width = out.logprobs.shape[1]
         mask = anchors.mask[micro, :width]
         terms = policy_loss(
@@ -143,11 +152,26 @@ def _anchor_step(
             clip_eps=settings.clip_eps,
             ref_logprobs=anchors.ref_logprobs[micro, :width],
             kl_beta=anchors.beta,
-            total_tokens=tokens,
+            total_tokens=norm,
         )
-        terms.loss.backward()  # type: ignore[no-untyped-call]
+        optimization.backward(terms.loss)
         totals["anchor_kl"] += terms.kl_sum
         totals["anchor_tokens"] += terms.tokens
+
+
+def _shard(rows: list[int], micro_batch_size: int, optimization: Optimization) -> list[list[int] | None]:
+    """This rank's micro-batches of ``rows`` (every ``world``-th row), padded with ``None`` to the count that
+    every rank makes: each backward pass is a collective under ZeRO-2, so all ranks must make as many."""
+    mine = _chunks(rows[optimization.rank :: optimization.world], micro_batch_size)
+    count = math.ceil(math.ceil(len(rows) / optimization.world) / micro_batch_size)
+    return [*mine, *([None] * (count - len(mine)))]
+
+
+def _nothing(out: Forward) -> torch.Tensor:
+    """A zero loss over the whole forward graph: the backward pass of a padding micro-batch, which reaches
+    every parameter (with zero gradients) as the real ones do."""
+    zero = out.logprobs.sum() * 0.0
+    return zero if out.values is None else zero + out.values.sum() * 0.0
 
 
 def update(
@@ -158,17 +182,23 @@ def update(
     settings: UpdateSettings,
     returns: torch.Tensor | None = None,
     anchors: Anchors | None = None,
+    optimization: Optimization | None = None,
 ) -> dict[str, float]:
     """Optimize the policy on ``transitions`` with per-token ``advantages`` ``[N, T]`` (and, for PPO, value
     ``returns``), holding the ``anchors`` near the reference; the step's metrics. The anchors are spread over
-    the optimizer steps of each epoch, a share of them in each."""
+    the optimizer steps of each epoch, a share of them in each.
+
+    ``optimization`` turns gradients into steps (default: the policy's own optimizer in this process). Under
+    data parallelism every rank calls this with the same arguments and trains its share of each mini-batch;
+    the metrics are the whole batch's on every rank."""
+    optimization = optimization or LocalOptimization(policy, settings.max_grad_norm)
     started = time.perf_counter()
     policy.model.train()
     if rollouts.old_logprobs is None and settings.epochs * settings.mini_batches != 1:
         raise ValueError("old log-probs may come from the training pass only in a single step")
     names = ("pg", "kl", "clipped", "tokens", "entropy", "loss", "value_loss", "anchor_kl", "anchor_tokens")
     totals = dict.fromkeys((*names, "mismatch", "mismatch_tokens"), 0.0)
-    grad_norms = []
+    grad_norms: list[float] = []
     order = list(range(len(transitions)))
     rng = random.Random(settings.seed)
     for epoch in range(settings.epochs):
@@ -180,11 +210,12 @@ def update(
             count = len(anchors.transitions)
             anchor_rows = _chunks(range(count), math.ceil(count / len(minis)))
         for index, mini in enumerate(minis):
-            mini_tokens = float(rollouts.mask[mini].sum())
-            policy.optimizer.zero_grad(set_to_none=True)
-            for micro in _chunks(mini, settings.micro_batch_size):
-                batch = _batch(policy, transitions, micro)
-                out = policy.forward(batch)
+            norm = float(rollouts.mask[mini].sum()) / optimization.world  # gradients are averaged over ranks
+            for micro in _shard(mini, settings.micro_batch_size, optimization):
+                out = policy.forward(_batch(policy, transitions, micro or mini[:1]))
+                if micro is None:
+                    optimization.backward(_nothing(out))
+                    continue
                 width = out.logprobs.shape[1]
                 mask = rollouts.mask[micro, :width]
                 ref = rollouts.ref_logprobs[micro, :width] if rollouts.ref_logprobs is not None else None
@@ -200,7 +231,7 @@ def update(
                     clip_eps=settings.clip_eps,
                     ref_logprobs=ref,
                     kl_beta=settings.kl_beta,
-                    total_tokens=mini_tokens,
+                    total_tokens=norm,
                 )
                 loss = terms.loss
                 if out.values is not None and returns is not None and rollouts.values is not None:
@@ -210,24 +241,22 @@ def update(
                         returns[micro, :width],
                         mask,
                         clip=settings.value_clip,
-                        total_tokens=mini_tokens,
+                        total_tokens=norm,
                     )
                     loss = loss + settings.value_coef * v_loss
-                    totals["value_loss"] += v_loss.item() * mini_tokens
-                loss.backward()  # type: ignore[no-untyped-call]
-                totals["loss"] += loss.item() * mini_tokens
+                    totals["value_loss"] += v_loss.item() * norm
+                optimization.backward(loss)
+                totals["loss"] += loss.item() * norm
                 totals["pg"] += terms.pg_sum
                 totals["kl"] += terms.kl_sum
                 totals["clipped"] += terms.clipped_tokens
                 totals["tokens"] += terms.tokens
                 totals["entropy"] += token_entropy_sum(out.logits, mask)
             if anchors is not None and index < len(anchor_rows):
-                _anchor_step(policy, anchors, anchor_rows[index], settings, totals)
-            params = [p for group in policy.optimizer.param_groups for p in group["params"]]
-            norm = torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm or float("inf"))
-            grad_norms.append(float(norm))
-            policy.optimizer.step()
+                _anchor_step(policy, anchors, anchor_rows[index], settings, optimization, totals)
+            grad_norms.append(optimization.step())
     policy.model.eval()
+    totals = optimization.reduce(totals)
     tokens = max(totals["tokens"], 1.0)
     seconds = time.perf_counter() - started
     metrics = {
@@ -247,6 +276,31 @@ def update(
     if totals["mismatch_tokens"]:
         metrics["logprob_mismatch"] = totals["mismatch"] / totals["mismatch_tokens"]
     return metrics
+
+
+@dataclass
+class UpdateJob:
+    """One policy update's inputs, as a trainer receives them (and a data-parallel one broadcasts them)."""
+
+    transitions: Sequence[Transition]
+    advantages: torch.Tensor
+    rollouts: Rollouts
+    settings: UpdateSettings
+    returns: torch.Tensor | None = None
+    anchors: Anchors | None = None
+
+    def run(self, policy: TrainablePolicy, optimization: Optimization | None = None) -> dict[str, float]:
+        """:func:`update` with these inputs; the batch's metrics."""
+        return update(
+            policy,
+            self.transitions,
+            self.advantages,
+            self.rollouts,
+            self.settings,
+            self.returns,
+            self.anchors,
+            optimization,
+        )
 
 
 def _add_mismatch(totals: dict[str, float], behaviour: Sequence[list[float] | None], old: torch.Tensor) -> None:

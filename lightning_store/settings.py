@@ -92,3 +92,31 @@ class PolicyServerSettings(BaseSettings):
 
 def load_policy_server_settings(**overrides: Any) -> PolicyServerSettings:
     return PolicyServerSettings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+class TrainerSettings(BaseSettings):
+    """Where ``store train`` runs the policy updates: in its own process, or data-parallel with DeepSpeed."""
+
+    model_config = SettingsConfigDict(env_prefix="LIGHTNING_STORE_", extra="ignore")
+
+    trainer: Literal["torch", "deepspeed"] = Field(
+        default="torch",
+        description="torch: update the policy in the trainer's process; deepspeed: over `trainer_processes` ranks.",
+    )
+    trainer_processes: int = Field(default=2, ge=1, le=64, description="DeepSpeed ranks, the trainer's included.")
+    deepspeed_zero_stage: int = Field(
+        default=2,
+        ge=1,
+        le=2,
+        description="ZeRO stage: 1 partitions the optimizer state over the ranks, 2 also the gradients.",
+    )
+    deepspeed_config: str | None = Field(
+        default=None, description="A JSON file of DeepSpeed options laid over the generated configuration."
+    )
+    trainer_timeout: float = Field(
+        default=600.0, gt=0, description="Seconds a rank waits for the others in a collective before failing."
+    )
+
+
+def load_trainer_settings(**overrides: Any) -> TrainerSettings:
+    return TrainerSettings(**{k: v for k, v in overrides.items() if v is not None})

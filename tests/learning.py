@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from adapters import Transition
 from algorithms.base import Algorithm
 from algorithms.local_stack import runners
 from algorithms.serving.batching import SamplingRequest
@@ -17,6 +18,35 @@ from algorithms.serving.policy_server import PolicyServer
 from algorithms.session import TrainingSession
 from examples.flight.model import TRAIN_TASKS, VAL_TASKS, prompt_ids
 from lightning_store.client import HttpStore
+from lightning_store.settings import TrainerSettings
+
+
+def make_transitions(
+    rows: Sequence[tuple[Sequence[int], Sequence[int]]],
+    logprobs: Sequence[list[float] | None] | None = None,
+    agent: str | None = None,
+) -> list[Transition]:
+    """Transitions of ``(prompt ids, response ids)`` rows (one rollout each, one group), with the behaviour
+    ``logprobs`` the server would have reported (None: not reported)."""
+    behaviour = list(logprobs) if logprobs is not None else [None] * len(rows)
+    return [
+        Transition(
+            rollout_id=f"r{i}",
+            attempt_id="a",
+            group="g",
+            agent_name=agent,
+            step=0,
+            resources_id=None,
+            resources_version=None,
+            prompt_ids=list(prompt),
+            response_ids=list(response),
+            logprobs=row_logprobs,
+            reward=0.0,
+            return_=0.0,
+            final_reward=0.0,
+        )
+        for i, ((prompt, response), row_logprobs) in enumerate(zip(rows, behaviour, strict=True))
+    ]
 
 
 def answer_rate(
@@ -46,6 +76,7 @@ async def train(
     train_tasks: Sequence[Any] = TRAIN_TASKS,
     val_tasks: Sequence[Any] = VAL_TASKS,
     agent: str = "examples.flight.agent:flight_agent",
+    trainer: TrainerSettings | None = None,
 ) -> dict[str, Any]:
     """Train with ``store run`` running ``agent`` (the flight agent) against the store at ``url``; the
     algorithm's summary."""
@@ -62,5 +93,6 @@ async def train(
             output_dir=output_dir,
             policy=policy,
             max_steps=steps,
+            trainer=trainer or TrainerSettings(),
         )
         return await algorithm.train(session)

@@ -1,9 +1,10 @@
-"""GRPO on the cancelled-flight agent (see test_learning.py) in its two other modes: asynchronous collection,
-which trains on rollouts sampled by an older policy version and drops the too-stale ones, and LoRA, which trains
-adapters only (the reference policy is the base model with the adapters switched off)."""
+"""GRPO on the cancelled-flight agent (see test_learning.py) in its other modes: asynchronous collection, which
+trains on rollouts sampled by an older policy version and drops the too-stale ones; LoRA, which trains adapters
+only (the reference policy is the base model with the adapters switched off); and two DeepSpeed ranks."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from algorithms.builtin import GRPO
 from algorithms.policy import ADAPTER_DIR
 from examples.flight.model import build_tool_namer
 from lightning_store.client import HttpStore
+from lightning_store.settings import TrainerSettings
 from tests.learning import train
 
 pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1800)]
@@ -34,6 +36,20 @@ async def test_asynchronous_grpo_learns_from_slightly_stale_rollouts(
     steps = [h for h in history if "staleness_max" in h]
     assert max(h["staleness_max"] for h in steps) == 1, "a queued batch is trained one version after it was sampled"
     assert all(h["staleness_max"] <= 1 for h in steps)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed is not installed")
+async def test_grpo_learns_with_two_deepspeed_ranks(tmp_path: Path, trainer_store: tuple[HttpStore, str]) -> None:
+    store, url = trainer_store
+    model = build_tool_namer(tmp_path / "model")
+    algorithm = GRPO(**COMMON, learning_rate=2e-4)
+    ranks = TrainerSettings(trainer="deepspeed", trainer_processes=2, deepspeed_zero_stage=2)
+    out = tmp_path / "out"
+    summary = await train(algorithm, store=store, url=url, model_dir=model, output_dir=out, steps=40, trainer=ranks)
+    history = summary["history"]
+    before, after = history[0]["val_reward"], history[-1]["val_reward"]
+    assert before < 0.5 and after >= 0.85, f"GRPO on two DeepSpeed ranks moved the rate from {before} to {after}"
+    assert len(list((out / "step-40" / "deepspeed").rglob("zero_pp_rank_*_optim_states.pt"))) == 2
 
 
 async def test_lora_grpo_learns_and_saves_merged_weights_and_adapters(

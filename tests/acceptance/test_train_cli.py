@@ -3,6 +3,7 @@ and the policy server, trains, checkpoints, and resumes from the checkpoint when
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sqlite3
@@ -54,6 +55,27 @@ def test_store_train_runs_checkpoints_and_resumes(tmp_path: Path) -> None:
     assert [row[0] for row in logged] == [0, 1, 1, 2]  # each run logs its starting evaluation, then its steps
 
 
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed is not installed")
+def test_store_train_with_deepspeed_ranks_checkpoints_and_resumes(tmp_path: Path) -> None:
+    """Two DeepSpeed ranks (ZeRO-2) train; each checkpoint holds both optimizer partitions, and the second run
+    resumes from them."""
+    build_tool_namer(tmp_path / "model", steps=20)
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TRAIN_TASKS[:2]))
+    (tmp_path / "val.jsonl").write_text(json.dumps(VAL_TASKS[0]) + "\n")
+    (tmp_path / "grpo.yaml").write_text("tasks_per_step: 2\ngroup_size: 2\neval_repeats: 2\nlearning_rate: 1.0e-4\n")
+    deepspeed = ("--trainer", "deepspeed", "--processes", "2")
+    first = store_train(tmp_path, 1, *deepspeed)
+    assert first.returncode == 0, first.stderr[-3000:]
+    partitions = sorted(p.name for p in (tmp_path / "run" / "step-1" / "deepspeed").rglob("zero_pp_rank_*.pt"))
+    assert len(partitions) == 2, partitions
+    assert (tmp_path / "run" / "deepspeed-rank-1.log").exists()
+    second = store_train(tmp_path, 2, *deepspeed)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert (tmp_path / "run" / "step-2" / "config.json").exists()
+    steps_logged = [json.loads(line) for line in second.stderr.splitlines() if line.startswith('{"event": "step"')]
+    assert [s["step"] for s in steps_logged] == [1, 2] and steps_logged[-1]["grad_norm"] > 0
+
+
 def test_bad_config_is_refused_before_anything_starts(tmp_path: Path) -> None:
     build_tool_namer(tmp_path / "model", steps=1)
     (tmp_path / "train.jsonl").write_text(json.dumps(TRAIN_TASKS[0]) + "\n")
@@ -64,7 +86,7 @@ def test_bad_config_is_refused_before_anything_starts(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
-def test_vllm_without_its_interpreter_is_refused_before_anything_starts(tmp_path: Path) -> None:
+def test_bad_serving_or_trainer_options_are_refused_before_anything_starts(tmp_path: Path) -> None:
     build_tool_namer(tmp_path / "model", steps=1)
     (tmp_path / "train.jsonl").write_text(json.dumps(TRAIN_TASKS[0]) + "\n")
     (tmp_path / "val.jsonl").write_text(json.dumps(VAL_TASKS[0]) + "\n")
@@ -74,6 +96,10 @@ def test_vllm_without_its_interpreter_is_refused_before_anything_starts(tmp_path
     assert result.returncode != 0 and "--vllm-python" in result.stderr
     result = store_train(tmp_path, 1, "--policy-server", "tgi", env=env)
     assert result.returncode != 0 and "policy_server" in result.stderr
+    result = store_train(tmp_path, 1, "--trainer", "deepspeed", "--zero-stage", "3", env=env)
+    assert result.returncode != 0 and "deepspeed_zero_stage" in result.stderr
+    result = store_train(tmp_path, 1, "--trainer", "megatron", env=env)
+    assert result.returncode != 0 and "trainer" in result.stderr
     assert not (tmp_path / "run").exists()
 
 

@@ -14,6 +14,7 @@ from adapters import Transition
 from algorithms.policy import TrainablePolicy
 from algorithms.serving.tiny_model import build_tiny_model
 from algorithms.update import UpdateSettings, anchor, measure, update
+from tests.learning import make_transitions
 
 ROWS = [([5, 6, 7, 8], [9, 10, 11]), ([12, 13], [14]), ([15, 16, 17], [18, 19])]
 ADVANTAGES = [1.0, -0.5, 0.25]
@@ -26,24 +27,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def transitions(behaviour: list[list[float] | None]) -> list[Transition]:
-    return [
-        Transition(
-            rollout_id=f"r{i}",
-            attempt_id="a",
-            group="g",
-            agent_name=None,
-            step=0,
-            resources_id=None,
-            resources_version=None,
-            prompt_ids=list(prompt),
-            response_ids=list(response),
-            logprobs=logprobs,
-            reward=0.0,
-            return_=0.0,
-            final_reward=0.0,
-        )
-        for i, ((prompt, response), logprobs) in enumerate(zip(ROWS, behaviour, strict=True))
-    ]
+    return make_transitions(ROWS, behaviour)
 
 
 def step(policy: TrainablePolicy, batch: list[Transition], *, old_logprobs: bool) -> dict[str, float]:
