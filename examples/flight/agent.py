@@ -35,10 +35,21 @@ def choose_tool(reply: str) -> str:
     return min(named)[1] if named else NAMES[len(reply) % len(NAMES)]
 
 
+def opening(task: dict[str, Any]) -> list[dict[str, str]]:
+    """The conversation the agent starts from: its system prompt, the task's demonstrations (``shots``, a list
+    of ``[question, tool]`` pairs shown as earlier turns, which a small instruct model imitates) and the
+    question; ``ask`` (a format with ``{question}``) words every user turn."""
+    ask = task.get("ask", "{question}")
+    messages = [{"role": "system", "content": SYSTEM}]
+    for question, tool in task.get("shots", []):
+        messages += [{"role": "user", "content": ask.format(question=question)}, {"role": "assistant", "content": tool}]
+    return [*messages, {"role": "user", "content": ask.format(question=task["question"])}]
+
+
 @rollout
 def flight_agent(task: dict[str, Any], llm: LLM) -> float:
     client = OpenAI(base_url=llm.endpoint, api_key=llm.api_key or "unused", max_retries=0, http_client=HTTP)
-    messages: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task["question"]}]
+    messages: list[Any] = opening(task)
     first_tool = None
     for step in range(task.get("steps", 3)):
         completion = client.chat.completions.create(

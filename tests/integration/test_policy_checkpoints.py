@@ -68,7 +68,9 @@ def test_a_lora_checkpoint_loads_as_a_plain_model(model_dir: Path, tmp_path: Pat
     assert not any("lora" in key for key in plain.state_dict())
     batch = token_batch(ROWS, policy.pad_id)
     with torch.no_grad():
-        out = plain(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        out = plain(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+        ).logits
     index = batch.positions.unsqueeze(-1).expand(-1, -1, out.shape[-1])
     expected = torch.log_softmax(torch.gather(out, 1, index), -1).gather(-1, batch.response_ids.unsqueeze(-1))
     torch.testing.assert_close(expected.squeeze(-1) * batch.response_mask, logprobs(policy) * batch.response_mask)
