@@ -42,7 +42,8 @@ def train_once(trainer: Trainer, *, anchored: bool = False) -> dict[str, float]:
         anchors = anchor(
             trainer.policy, make_transitions([([30, 31], [32, 33]), ([34], [35])], agent="checker"), 2, 1.0
         )
-    return trainer.update(UpdateJob(batch, advantages, rollouts, SETTINGS, anchors=anchors))
+    returns = None if rollouts.values is None else advantages + 0.5  # PPO's value targets, when it has a head
+    return trainer.update(UpdateJob(batch, advantages, rollouts, SETTINGS, returns=returns, anchors=anchors))
 
 
 def deepspeed(spec: PolicySpec, tmp_path: Path, stage: int) -> Trainer:
@@ -84,6 +85,31 @@ def test_two_ranks_land_on_the_single_process_update(model_dir: Path, tmp_path: 
         ranks.close()
     moved = [not torch.equal(t, local.policy.reference.state_dict()[k]) for k, t in local.policy.state_dict().items()]
     assert any(moved)  # the update did something, so agreeing means something
+
+
+@pytest.mark.parametrize("option", ["value_head", "lora"])
+def test_ppos_value_head_and_lora_adapters_train_on_ranks_as_in_one_process(
+    model_dir: Path, tmp_path: Path, option: str
+) -> None:
+    lora = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]} if option == "lora" else None
+    spec = PolicySpec(model_dir, learning_rate=1e-2, value_head=option == "value_head", lora=lora)
+    torch.manual_seed(0)  # LoRA's initial adapters are random; both runs start from the same
+    local = LocalTrainer(spec, reference=True)
+    expected = train_once(local)
+    torch.manual_seed(0)
+    ranks = deepspeed(spec, tmp_path, 2)
+    try:
+        got = train_once(ranks)
+        assert_same_weights(local, ranks)
+        assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-4)
+        if option == "value_head":
+            assert got["value_loss"] == pytest.approx(expected["value_loss"], rel=1e-4)
+            assert local.policy.value_head is not None and ranks.policy.value_head is not None
+            moved = local.policy.value_head.weight.detach()
+            assert moved.abs().sum() > 0  # it started at zero
+            torch.testing.assert_close(moved, ranks.policy.value_head.weight.detach(), rtol=0, atol=1e-3)
+    finally:
+        ranks.close()
 
 
 def test_a_checkpoint_carries_the_partitioned_optimizer_state(model_dir: Path, tmp_path: Path) -> None:
