@@ -253,20 +253,17 @@ class DeepSpeedTrainer:
 
 
 def _spec_json(spec: PolicySpec) -> dict[str, Any]:
-    fields = asdict(spec)
-    return {k: str(v) if isinstance(v, Path) else v for k, v in fields.items()}
+    return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(spec).items()}
+
+
+def _spec_from_json(fields: dict[str, Any]) -> PolicySpec:
+    paths = {k: Path(fields[k]) for k in ("model_dir", "checkpoint") if fields[k] is not None}
+    return PolicySpec(**(fields | paths))
 
 
 def _worker(arguments: dict[str, Any]) -> None:
     """A rank ≥ 1: join, build the same policy, then run rank 0's jobs until told to stop."""
-    spec_fields = arguments["spec"]
-    spec = PolicySpec(
-        model_dir=Path(spec_fields["model_dir"]),
-        learning_rate=spec_fields["learning_rate"],
-        value_head=spec_fields["value_head"],
-        lora=spec_fields["lora"],
-        checkpoint=Path(spec_fields["checkpoint"]) if spec_fields["checkpoint"] else None,
-    )
+    spec = _spec_from_json(arguments["spec"])
     rank = int(os.environ["LIGHTNING_STORE_DEEPSPEED_RANK"])
     _join(arguments["port"], rank, arguments["world"], arguments["timeout"])
     state = _Rank(spec, arguments["config"], reference=False)

@@ -44,6 +44,7 @@ class LocalOptimization:
     def __init__(self, policy: TrainablePolicy, max_grad_norm: float | None) -> None:
         self.optimizer = policy.optimizer
         self.max_grad_norm = max_grad_norm
+        self.optimizer.zero_grad(set_to_none=True)  # nothing left over from an update that broke off
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()  # type: ignore[no-untyped-call]

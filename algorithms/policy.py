@@ -23,9 +23,9 @@ ADAPTER_DIR = "adapter"
 @dataclass
 class TokenBatch:
     """Rows of ``prompt + response`` aligned so that every prompt ends at the same column ``P``: prompts padded
-    on the left, responses on the right. ``positions[i, t]`` (= ``P - 1 + t`` in every row) is the index of the
-    logits that predict response token ``t``; ``position_ids`` count real tokens only (a row's padding does not
-    shift its rotary positions); ``response_mask`` is 1 on real response tokens.
+    on the left, responses on the right, so that column ``P - 1 + t`` predicts response token ``t`` in every
+    row. ``position_ids`` count real tokens only (a row's padding does not shift its rotary positions);
+    ``response_mask`` is 1 on real response tokens.
 
     Why aligned: the logits of the response tokens are then the last ``T + 1`` columns of every row, so the
     model computes the vocabulary projection for those alone (``logits_to_keep``), not for every prompt token.
@@ -34,7 +34,6 @@ class TokenBatch:
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     position_ids: torch.Tensor
-    positions: torch.Tensor
     response_ids: torch.Tensor
     response_mask: torch.Tensor
 
@@ -55,9 +54,8 @@ def token_batch(rows: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int
         attention[i, start:end] = 1
         response_ids[i, : len(response)] = torch.tensor(list(response), dtype=torch.long)
         response_mask[i, : len(response)] = 1
-    positions = (prompt_width - 1 + torch.arange(longest)).expand(len(rows), -1)
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
-    return TokenBatch(input_ids, attention, position_ids, positions, response_ids, response_mask)
+    return TokenBatch(input_ids, attention, position_ids, response_ids, response_mask)
 
 
 @dataclass
