@@ -90,6 +90,9 @@ def train(
     output: Annotated[Path, typer.Option(help="Checkpoints, logs and the embedded store.")] = Path("runs/latest"),
     steps: Annotated[int, typer.Option(min=1, help="Training steps.")] = 10,
     workers: Annotated[int, typer.Option(min=1, help="Runner worker processes.")] = 4,
+    concurrency: Annotated[
+        int, typer.Option(min=1, help="Attempts each worker runs at once (their LLM calls are decoded together).")
+    ] = 1,
     store: Annotated[str | None, typer.Option(help="A store server URL (default: serve one on SQLite).")] = None,
     resume: Annotated[bool, typer.Option(help="Continue from the newest checkpoint in --output.")] = True,
     policy_server: Annotated[
@@ -147,7 +150,7 @@ def train(
         except ProcessFailed as error:
             console.print(f"[red]{error}[/red]")
             raise typer.Exit(code=1) from None
-        stack.enter_context(runners(agent, url, workers=workers, log=output / "runner.log"))
+        stack.enter_context(runners(agent, url, workers=workers, concurrency=concurrency, log=output / "runner.log"))
         served = stack.enter_context(_policy(serving, model, output))
         summary = asyncio.run(_train(instance, url, tasks, val_tasks, model, output, steps, resume, served, training))
     console.print_json(json.dumps(summary["history"][-1] if summary["history"] else {}))

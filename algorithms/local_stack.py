@@ -102,8 +102,12 @@ async def embedded_store_client(directory: Path) -> AsyncIterator[tuple[HttpStor
 
 
 @contextlib.contextmanager
-def runners(agent: str, url: str, *, workers: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """``store run agent`` against the store at ``url`` with ``workers`` worker processes, until exit."""
+def runners(
+    agent: str, url: str, *, workers: int, log: Path, concurrency: int = 1
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``store run agent`` against the store at ``url`` with ``workers`` worker processes, each running
+    ``concurrency`` attempts at once, until exit."""
     argv = [*store_command(), "run", agent, "--store", url, "--workers", str(workers), "--no-progress"]
+    argv += ["--concurrency", str(concurrency)]
     with subprocess_in(argv, log) as process:
         yield process

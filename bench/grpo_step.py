@@ -6,9 +6,9 @@ memory first. Both sides draw ``--prompts`` prompts per step, sample ``--group``
 ``--max-tokens`` tokens, temperature 1), and take one optimizer step over all of them with the same loss (clipped
 ratio ε 0.2, k3 KL to the starting model with β 0.04, token mean over the batch, micro-batches of 8).
 
-* Ours: ``store serve`` (SQLite) and ``store run`` (``--workers`` processes) as subprocesses; the flight agent
-  calls the policy server through the store's LLM proxy; the trainer waits for the rollouts, adapts them from
-  the store, updates, and serves the new weights (what ``store train`` does).
+* Ours: ``store serve`` (SQLite) and ``store run`` (``--workers`` processes, ``--concurrency`` attempts each) as
+  subprocesses; the flight agent calls the policy server through the store's LLM proxy; the trainer waits for
+  the rollouts, adapts them from the store, updates, and serves the new weights (what ``store train`` does).
 * TRL: ``GRPOTrainer`` generating with ``model.generate`` in its own process (no vLLM on a CPU).
 
 The middleware share is the part of our step spent neither decoding (the policy server's time) nor training:
@@ -57,7 +57,13 @@ async def ours(model: Path, args: argparse.Namespace, work: Path) -> dict[str, f
     decode_marks = [0.0]  # the policy server's decode_seconds at the end of each step
     async with embedded_store_client(work / "store") as (store, url):
         with (
-            runners("examples.flight.agent:flight_agent", url, workers=args.workers, log=work / "runner.log"),
+            runners(
+                "examples.flight.agent:flight_agent",
+                url,
+                workers=args.workers,
+                concurrency=args.concurrency,
+                log=work / "runner.log",
+            ),
             LocalPolicy(model, model_name="policy") as policy,
         ):
             session = TrainingSession(
@@ -159,6 +165,7 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8, help="Completions per prompt (G).")
     parser.add_argument("--max-tokens", type=int, default=16, help="Longest completion.")
     parser.add_argument("--workers", type=int, default=4, help="Our runner worker processes.")
+    parser.add_argument("--concurrency", type=int, default=1, help="Attempts each of our workers runs at once.")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

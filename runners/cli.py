@@ -25,6 +25,9 @@ def run(
         ),
     ] = "http://127.0.0.1:4747",
     workers: Annotated[int, typer.Option(min=1, help="Worker processes.")] = 1,
+    concurrency: Annotated[
+        int, typer.Option(min=1, help="Attempts each worker runs at once (async agents as tasks, sync in threads).")
+    ] = 1,
     token: Annotated[str | None, typer.Option(envvar="LIGHTNING_STORE_TOKEN", help="Bearer token.")] = None,
     timeout: Annotated[
         float | None, typer.Option(help="Seconds an attempt may run when its rollout config sets no timeout.")
@@ -39,12 +42,14 @@ def run(
         bool | None, typer.Option("--progress/--no-progress", help="Live display (default: on a terminal).")
     ] = None,
 ) -> None:
-    """Run rollouts of AGENT from the store's queue in WORKERS processes until stopped."""
+    """Run rollouts of AGENT from the store's queue in WORKERS processes (each running CONCURRENCY attempts at
+    once) until stopped."""
     configure_logging(logging.INFO)
     runner = Runner(
         agent,
         store,
         workers=workers,
+        concurrency=concurrency,
         token=token,
         default_timeout=timeout,
         kill_after=kill_after,

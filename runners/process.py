@@ -1,7 +1,7 @@
 """The worker process: one :class:`~runners.worker.Worker` in its own interpreter, supervised by the runner.
 
 A process per worker is what makes a hung agent recoverable: the supervisor can kill it. The process stops
-dequeuing on SIGTERM or SIGINT, gives the attempt in flight ``grace`` seconds to finish, then releases it (the
+dequeuing on SIGTERM or SIGINT, gives the attempts in flight ``grace`` seconds to finish, then releases them (each
 attempt is marked failed and the rollout requeued, whatever its retry policy: the agent was not at fault). If
 the runner process dies, the worker finishes its attempt (bounded by its timeout) and exits.
 """
@@ -40,6 +40,7 @@ class WorkerConfig:
     default_timeout: float | None = None
     heartbeat_interval: float = 5.0
     poll_timeout: float = 5.0
+    concurrency: int = 1
     grace: float = 30.0
     idle_exit: float | None = None
     parent_pid: int = 0
@@ -56,6 +57,7 @@ def worker_main(config: WorkerConfig, conn: Connection) -> None:
         asyncio.run(_serve(config, conn))
     except AgentHung as hung:
         logger.error("%s; exiting so that the runner starts a fresh worker", hung)
+        _send(conn, {"event": "hung", "attempt_id": hung.attempt_id})  # the others it held were not at fault
         conn.close()
         os._exit(EXIT_HUNG)  # the hung thread cannot be joined; leave without waiting for it
 
@@ -78,6 +80,7 @@ async def _serve(config: WorkerConfig, conn: Connection) -> None:
         default_timeout=config.default_timeout,
         heartbeat_interval=config.heartbeat_interval,
         poll_timeout=config.poll_timeout,
+        concurrency=config.concurrency,
         report=lambda event: _send(conn, event),
     )
     try:
@@ -89,11 +92,11 @@ async def _serve(config: WorkerConfig, conn: Connection) -> None:
             # Stopping: no new claims; the attempt in flight may finish within the grace period.
             done, _ = await asyncio.wait({running}, timeout=config.grace)
             if not done:
-                in_flight = worker.current
+                in_flight = list(worker.in_flight.values())  # cancelled attempts leave worker.in_flight
                 running.cancel()
                 await asyncio.gather(running, return_exceptions=True)
-                if in_flight is not None:
-                    await release(store, in_flight.rollout_id, in_flight.attempt.attempt_id, "worker stopped")
+                for claimed in in_flight:
+                    await release(store, claimed.rollout_id, claimed.attempt.attempt_id, "worker stopped")
         running.result()
     finally:
         await store.close()

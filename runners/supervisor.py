@@ -1,10 +1,12 @@
 """The runner: N worker processes, supervised.
 
-The supervisor learns from each worker which attempt it holds. A worker that dies (an exception that escaped,
-SIGKILL, an out-of-memory kill) has its attempt marked ``failed``; a worker that overruns its attempt's timeout
-by ``kill_after`` seconds (a hung agent, or a blocked event loop) is killed and its attempt marked
-``timeout``; in both cases the retry policy decides whether the rollout is requeued, and a fresh worker takes
-the slot. SIGINT/SIGTERM stop the workers gracefully (see :mod:`runners.process`).
+The supervisor learns from each worker which attempts it holds. A worker that dies (an exception that escaped,
+SIGKILL, an out-of-memory kill) has its attempts marked ``failed``; a worker that overruns an attempt's timeout
+by ``kill_after`` seconds (a hung agent, or a blocked event loop) is killed and that attempt marked ``timeout``;
+in both cases the retry policy decides whether the rollout is requeued, and a fresh worker takes the slot. The
+other attempts a hung worker held (with ``concurrency`` above 1) were not at fault: they are released, their
+rollouts requeued whatever the policy. A death with no culprit fails every attempt the worker held, since any of
+them may have caused it. SIGINT/SIGTERM stop the workers gracefully (see :mod:`runners.process`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,18 @@ CRASH_LOOP_LIMIT = 5
 
 
 @dataclass
+class InFlight:
+    """An attempt a worker holds, as its ``claimed`` event told."""
+
+    rollout_id: str
+    attempt_id: str
+    deadline: float | None
+    """When the supervisor kills the worker over it: the attempt's timeout plus ``kill_after``."""
+    hung: bool = False
+    """The worker said this attempt's sync agent overran its timeout (and exited over it)."""
+
+
+@dataclass
 class Slot:
     """One worker position; its process is replaced when it dies."""
 
@@ -51,8 +65,7 @@ class Slot:
     conn: Connection | None = None
     started_at: float = 0.0
     claims: int = 0
-    attempt: tuple[str, str] | None = None
-    deadline: float | None = None
+    attempts: dict[str, InFlight] = field(default_factory=dict)
     quick_deaths: int = 0
     finished: bool = False
 
@@ -85,6 +98,7 @@ class Runner:
         store_url: str,
         *,
         workers: int = 1,
+        concurrency: int = 1,
         token: str | None = None,
         default_timeout: float | None = None,
         kill_after: float = 10.0,
@@ -96,6 +110,8 @@ class Runner:
     ) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
         self.store_url = store_url
         self.token = token
         self.kill_after = kill_after
@@ -113,6 +129,7 @@ class Runner:
             default_timeout=default_timeout,
             heartbeat_interval=heartbeat_interval,
             poll_timeout=poll_timeout,
+            concurrency=concurrency,
             grace=grace,
             idle_exit=idle_exit,
             parent_pid=os.getpid(),
@@ -165,30 +182,34 @@ class Runner:
         process.start()
         child.close()
         slot.process, slot.conn, slot.started_at, slot.claims = process, parent, time.monotonic(), 0
-        slot.attempt = slot.deadline = None
+        slot.attempts = {}
 
     async def _tend(self, slot: Slot, store: LightningStore) -> None:
         if slot.finished or slot.process is None or slot.conn is None:
             return
         self._drain(slot)
         if slot.process.is_alive():
-            if slot.deadline is not None and time.monotonic() > slot.deadline:
-                logger.warning("worker %s overran its attempt's timeout; killing it", slot.config.worker_id)
+            now = time.monotonic()
+            if any(a.deadline is not None and now > a.deadline for a in slot.attempts.values()):
+                logger.warning("worker %s overran an attempt's timeout; killing it", slot.config.worker_id)
                 slot.process.kill()
                 slot.process.join()
                 self._drain(slot)
-                await self._settle(store, slot, "timeout")
+                await self._settle_hung(store, slot)
                 self._restart(slot)
             return
         slot.process.join()
         self._drain(slot)
         code = slot.process.exitcode
-        if slot.attempt is not None:
+        if slot.attempts:
             logger.warning("worker %s died (exit %s) during an attempt", slot.config.worker_id, code)
             if self._stopping:
                 await self._release(store, slot)
+            elif code == EXIT_HUNG:
+                await self._settle_hung(store, slot)
             else:
-                await self._settle(store, slot, "timeout" if code == EXIT_HUNG else "failed")
+                for attempt in list(slot.attempts.values()):
+                    await self._settle(store, slot, attempt, "failed")
         if self._stopping or code == 0:
             slot.finished = True  # stopped, or idle long enough (idle_exit)
             return
@@ -215,35 +236,47 @@ class Runner:
 
     def _on_event(self, slot: Slot, event: dict[str, Any]) -> None:
         if event["event"] == "claimed":
-            slot.attempt = (event["rollout_id"], event["attempt_id"])
+            timeout, now = event.get("timeout"), time.monotonic()
+            slot.attempts[event["attempt_id"]] = InFlight(
+                event["rollout_id"],
+                event["attempt_id"],
+                deadline=None if timeout is None else now + timeout + self.kill_after,
+            )
             slot.claims += 1
-            timeout = event.get("timeout")
-            slot.deadline = None if timeout is None else time.monotonic() + timeout + self.kill_after
             self.progress.claimed()
+        elif event["event"] == "hung" and event["attempt_id"] in slot.attempts:
+            slot.attempts[event["attempt_id"]].hung = True
         elif event["event"] == "finished":
-            slot.attempt = slot.deadline = None
+            slot.attempts.pop(event["attempt_id"], None)
             self._count(event["status"], event["rollout_id"], slot)
 
     def _count(self, status: str, rollout_id: str, slot: Slot) -> None:
         self.summary.statuses[outcome(status)] += 1
         self.progress.finished(outcome(status), rollout_id=rollout_id, worker_id=slot.config.worker_id)
 
-    async def _settle(self, store: LightningStore, slot: Slot, status: AttemptStatus) -> None:
-        """Mark the dead worker's attempt with ``status`` unless the store already moved on."""
-        if slot.attempt is None:
-            return
-        rollout_id, attempt_id = slot.attempt
-        slot.attempt = slot.deadline = None
-        try:
-            await end_if_current(store, rollout_id, attempt_id, status, {"worker": "lost"})
-        except UNREACHABLE as error:
-            logger.warning("could not mark %s %s (%s); the watchdog will", attempt_id, status, type(error).__name__)
-        self._count(status, rollout_id, slot)
+    async def _settle_hung(self, store: LightningStore, slot: Slot) -> None:
+        """A hung worker is gone: the attempts it hung on timed out, the others are released (not their fault).
+        Where the culprit is unknown (the worker's word was lost), every attempt counts as timed out."""
+        now = time.monotonic()
+        culprits = [a for a in slot.attempts.values() if a.hung or (a.deadline is not None and now > a.deadline)]
+        for attempt in culprits or list(slot.attempts.values()):
+            await self._settle(store, slot, attempt, "timeout")
+        await self._release(store, slot, reason="worker ended over another attempt")
 
-    async def _release(self, store: LightningStore, slot: Slot) -> None:
-        if slot.attempt is not None:
-            await release(store, *slot.attempt, reason="runner stopped")
-            slot.attempt = slot.deadline = None
+    async def _settle(self, store: LightningStore, slot: Slot, attempt: InFlight, status: AttemptStatus) -> None:
+        """Mark a dead worker's attempt with ``status`` unless the store already moved on."""
+        slot.attempts.pop(attempt.attempt_id, None)
+        try:
+            await end_if_current(store, attempt.rollout_id, attempt.attempt_id, status, {"worker": "lost"})
+        except UNREACHABLE as error:
+            reason = type(error).__name__
+            logger.warning("could not mark %s %s (%s); the watchdog will", attempt.attempt_id, status, reason)
+        self._count(status, attempt.rollout_id, slot)
+
+    async def _release(self, store: LightningStore, slot: Slot, reason: str = "runner stopped") -> None:
+        for attempt in slot.attempts.values():
+            await release(store, attempt.rollout_id, attempt.attempt_id, reason=reason)
+        slot.attempts = {}
 
     async def _kill_all(self, store: LightningStore) -> None:
         for slot in self.slots:

@@ -1,26 +1,32 @@
-"""A worker: dequeue a rollout, run the agent on it under the tracer with a hard timeout, report the attempt.
+"""A worker: dequeue rollouts, run the agent on each under the tracer with a hard timeout, report the attempts.
 
-One worker runs one attempt at a time. It heartbeats while the agent runs and stops the agent as soon as the
-store says the attempt is no longer its own (the watchdog timed it out, or a newer attempt exists), so that a
-rollout never runs twice at the same time. Spans are flushed before the attempt's status is reported.
+A worker runs up to ``concurrency`` attempts at once (default 1): async agents as tasks of its event loop,
+sync agents in a thread pool of that size. Several at once is what an I/O-bound agent wants: its LLM calls
+overlap, so the policy server can decode them in one batch, and a claim, a span write or a worker heartbeat
+serves many attempts. Each attempt heartbeats while its agent runs and is stopped as soon as the store says it is
+no longer its own (the watchdog timed it out, or a newer attempt exists), so that a rollout never runs twice at
+the same time. Spans are flushed before an attempt's status is reported.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from lightning_store.contract import LightningStore
 from lightning_store.errors import ConflictError
 from lightning_store.models import AttemptedRollout, AttemptStatus
+from lightning_store.resources import ResourcesUpdate
 from runners.agent import RolloutAgent
 from runners.attempts import end_if_current, outcome, tally
 from runners.endpoint import bind_resources, main_llm
@@ -38,6 +44,10 @@ EXIT_HUNG = 75
 class AgentHung(Exception):
     """A sync agent overran its timeout; its thread cannot be stopped, so the worker process must end."""
 
+    def __init__(self, attempt_id: str, message: str) -> None:
+        super().__init__(message)
+        self.attempt_id = attempt_id
+
 
 class AttemptLost(Exception):
     """The store no longer counts this attempt as running (timed out by the watchdog, or superseded)."""
@@ -48,22 +58,24 @@ class WorkerStats:
     outcomes: Counter[str] = field(default_factory=Counter)
     started_at: float = field(default_factory=time.time)
 
-    def as_heartbeat(self, current: str | None) -> dict[str, Any]:
+    def as_heartbeat(self, in_flight: Collection[AttemptedRollout]) -> dict[str, Any]:
         return {
             **tally(self.outcomes),
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "uptime": round(time.time() - self.started_at, 1),
-            "current_rollout_id": current,
+            "current_rollout_id": next((c.rollout_id for c in in_flight), None),
+            "in_flight": len(in_flight),
         }
 
 
 class Worker:
-    """Runs attempts of ``agent`` from ``store`` until ``stop`` is set (after the attempt in flight).
+    """Runs attempts of ``agent`` from ``store`` until ``stop`` is set (after the attempts in flight).
 
     ``server_url`` is the ``store serve`` whose LLM proxy the agent's LLM goes through (None: call the LLM in
     the resources directly). ``default_timeout`` applies to rollouts whose config sets no ``timeout_seconds``.
-    ``report`` receives ``claimed`` and ``finished`` events (the runner's supervisor listens to them).
+    ``concurrency`` is how many attempts run at once. ``report`` receives ``claimed`` and ``finished`` events
+    (the runner's supervisor listens to them).
     """
 
     def __init__(
@@ -77,8 +89,11 @@ class Worker:
         default_timeout: float | None = None,
         heartbeat_interval: float = 5.0,
         poll_timeout: float = 5.0,
+        concurrency: int = 1,
         report: Report | None = None,
     ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
         self.store = store
         self.agent = agent
         self.worker_id = worker_id
@@ -87,42 +102,66 @@ class Worker:
         self.default_timeout = default_timeout
         self.heartbeat_interval = heartbeat_interval
         self.poll_timeout = poll_timeout
+        self.concurrency = concurrency
         self.report: Report = report or (lambda event: None)
         self.stats = WorkerStats()
-        self.current: AttemptedRollout | None = None
+        self.in_flight: dict[str, AttemptedRollout] = {}
+        """The attempts running now, by attempt id."""
+        self._threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="agent")
         self._last_worker_heartbeat = -float("inf")
 
     async def run(self, stop: asyncio.Event, *, idle_exit: float | None = None) -> None:
-        """Dequeue and run attempts until ``stop`` is set, or the queue stayed empty for ``idle_exit`` s."""
+        """Dequeue and run attempts until ``stop`` is set, or the queue stayed empty for ``idle_exit`` s; then
+        wait for the attempts in flight. :class:`AgentHung` ends it at once."""
         tracer = Tracer(self.store)
+        running: set[asyncio.Task[AttemptStatus]] = set()
         idle_since = time.monotonic()
         try:
             while not stop.is_set():
-                if idle_exit is not None and time.monotonic() - idle_since > idle_exit:
-                    return
-                claimed = await self._dequeue()
-                if claimed is None:
+                if len(running) >= self.concurrency:
+                    done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                    _reraise(done)
                     continue
-                await self.run_attempt(claimed, tracer)
-                await persist(lambda: self._worker_heartbeat(due_only=True), what="worker heartbeat")
-                idle_since = time.monotonic()
+                if not running and idle_exit is not None and time.monotonic() - idle_since > idle_exit:
+                    break
+                claimed = await self._dequeue(self.concurrency - len(running))
+                resources = await self._resources_of(claimed)
+                for one in claimed:
+                    update = resources.get(one.resources_id or "")
+                    running.add(asyncio.create_task(self.run_attempt(one, tracer, update)))
+                done = {task for task in running if task.done()}
+                running -= done
+                _reraise(done)
+                if running or claimed:
+                    idle_since = time.monotonic()
+            if running:
+                _reraise((await asyncio.wait(running))[0])
         finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
             await tracer.shutdown()
+            self._threads.shutdown(wait=False)
         await persist(lambda: self._worker_heartbeat(due_only=False), what="worker heartbeat")
 
-    async def _dequeue(self) -> AttemptedRollout | None:
+    async def _dequeue(self, limit: int) -> Sequence[AttemptedRollout]:
         try:
-            return await self.store.dequeue_rollout(worker_id=self.worker_id, timeout=self.poll_timeout)
+            return await self.store.dequeue_many_rollouts(
+                limit=limit, worker_id=self.worker_id, timeout=self.poll_timeout
+            )
         except UNREACHABLE as error:
             logger.warning("dequeue failed, store unreachable (%s); retrying", type(error).__name__)
             await asyncio.sleep(1.0)
-            return None
+            return []
 
-    async def run_attempt(self, claimed: AttemptedRollout, tracer: Tracer) -> AttemptStatus:
-        """Run one claimed attempt to its end and report its status (which is also returned)."""
+    async def run_attempt(
+        self, claimed: AttemptedRollout, tracer: Tracer, resources: ResourcesUpdate | None = None
+    ) -> AttemptStatus:
+        """Run one claimed attempt to its end and report its status (which is also returned). ``resources``:
+        those of its rollout, when the caller has them already (fetched from the store otherwise)."""
         rollout_id, attempt_id = claimed.rollout_id, claimed.attempt.attempt_id
         timeout = claimed.config.timeout_seconds or self.default_timeout
-        self.current = claimed
+        self.in_flight[attempt_id] = claimed
         self.report({"event": "claimed", "rollout_id": rollout_id, "attempt_id": attempt_id, "timeout": timeout})
         status: AttemptStatus = "failed"
         try:
@@ -133,13 +172,13 @@ class Worker:
                 what="start attempt",
             )
             with tracer.attempt(rollout_id, attempt_id):
-                status, hung = await self._run_agent(claimed, timeout)
+                status, hung = await self._run_agent(claimed, timeout, resources)
             if not await tracer.flush():
                 logger.warning("spans of %s were not all written before the flush timed out", attempt_id)
             if hung:
                 # The agent's thread cannot be stopped: the process must end before the attempt is reported,
                 # or the rollout could run again while it still runs. The supervisor reports the timeout.
-                raise AgentHung(f"agent of {rollout_id} overran its {timeout} s timeout in a thread")
+                raise AgentHung(attempt_id, f"agent of {rollout_id} overran its {timeout} s timeout in a thread")
             if lost := tracer.lost_spans(attempt_id):
                 logger.warning("%d spans of %s could not be written", lost, attempt_id)
             await self._finish(rollout_id, attempt_id, status)
@@ -148,13 +187,16 @@ class Worker:
             self.stats.outcomes[status] += 1
             logger.warning("attempt %s of %s is no longer ours; stopped it", attempt_id, rollout_id)
         finally:
-            self.current = None
+            del self.in_flight[attempt_id]
         self.report({"event": "finished", "rollout_id": rollout_id, "attempt_id": attempt_id, "status": status})
+        await persist(lambda: self._worker_heartbeat(due_only=True), what="worker heartbeat")
         return status
 
-    async def _run_agent(self, claimed: AttemptedRollout, timeout: float | None) -> tuple[AttemptStatus, bool]:
+    async def _run_agent(
+        self, claimed: AttemptedRollout, timeout: float | None, update: ResourcesUpdate | None
+    ) -> tuple[AttemptStatus, bool]:
         """Run the agent (and its heartbeats); the attempt status and whether a sync agent's thread hung."""
-        resources = await self._resources(claimed)
+        resources = await self._resources(claimed, update)
         args, kwargs = self.agent.arguments(
             claimed.input, llm=main_llm(resources), resources=resources, rollout=claimed
         )
@@ -162,7 +204,8 @@ class Worker:
             work: asyncio.Future[Any] = asyncio.ensure_future(self.agent(*args, **kwargs))
         else:
             context = contextvars.copy_context()
-            work = asyncio.get_running_loop().run_in_executor(None, lambda: context.run(self.agent, *args, **kwargs))
+            call = functools.partial(context.run, self.agent, *args, **kwargs)
+            work = asyncio.get_running_loop().run_in_executor(self._threads, call)
         watcher = asyncio.ensure_future(self._heartbeat(claimed))
         try:
             done, _ = await asyncio.wait({work, watcher}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
@@ -189,9 +232,16 @@ class Worker:
             emit_reward(float(result))
         return "succeeded", False
 
-    async def _resources(self, claimed: AttemptedRollout) -> dict[str, Any]:
-        update = None
-        if claimed.resources_id:
+    async def _resources_of(self, claimed: Sequence[AttemptedRollout]) -> dict[str, ResourcesUpdate | None]:
+        """The resources of a batch of claims, each distinct version fetched once."""
+        found: dict[str, ResourcesUpdate | None] = {}
+        for resources_id in {one.resources_id for one in claimed if one.resources_id}:
+            fetch = functools.partial(self.store.get_resources_by_id, resources_id)
+            found[resources_id] = await persist(fetch, what="resources")
+        return found
+
+    async def _resources(self, claimed: AttemptedRollout, update: ResourcesUpdate | None) -> dict[str, Any]:
+        if update is None and claimed.resources_id:
             update = await persist(lambda: self.store.get_resources_by_id(claimed.resources_id or ""), what="resources")
         if update is None:
             update = await persist(self.store.get_latest_resources, what="latest resources")
@@ -226,10 +276,18 @@ class Worker:
         if due_only and now - self._last_worker_heartbeat < self.heartbeat_interval:
             return
         self._last_worker_heartbeat = now
-        current = self.current.rollout_id if self.current else None
-        await self.store.update_worker(self.worker_id, heartbeat_stats=self.stats.as_heartbeat(current))
+        stats = self.stats.as_heartbeat(list(self.in_flight.values()))
+        await self.store.update_worker(self.worker_id, heartbeat_stats=stats)
 
     async def _finish(self, rollout_id: str, attempt_id: str, status: AttemptStatus) -> None:
         if not await persist(lambda: end_if_current(self.store, rollout_id, attempt_id, status), what="report status"):
             raise AttemptLost(attempt_id)  # the watchdog decided first; its status stands
         self.stats.outcomes[outcome(status)] += 1
+
+
+def _reraise(done: Iterable[asyncio.Task[AttemptStatus]]) -> None:
+    """Re-raise what escaped a finished attempt (:class:`AgentHung`, a store that stayed unreachable): it ends
+    the worker, as it would have with one attempt at a time."""
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            task.result()

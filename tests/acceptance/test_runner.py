@@ -129,3 +129,50 @@ async def test_a_worker_that_cannot_start_stops_the_runner(served: tuple[SqlStor
 
     with pytest.raises(RuntimeError, match="without claiming a rollout"):
         await asyncio.wait_for(runner.run(), 120)
+
+
+def most_at_once(attempts: list[Any]) -> int:
+    """The largest number of these attempts that were running at the same moment."""
+    edges = sorted([(a.start_time, 1) for a in attempts] + [(a.end_time, -1) for a in attempts])
+    return max(itertools.accumulate(step for _, step in edges))
+
+
+@pytest.mark.parametrize("agent", ["tests.agents:faulty", "tests.agents:faulty_sync"])
+async def test_a_worker_runs_up_to_concurrency_attempts_at_once(served: tuple[SqlStore, str], agent: str) -> None:
+    store, url = served
+    rollouts = await store.enqueue_many_rollouts([{"input": {"i": i, "sleep": 1.0}} for i in range(8)])  # type: ignore[misc]
+    ids = [r.rollout_id for r in rollouts]
+
+    finished, summary = await run_until_done(store, url, agent, ids, workers=1, concurrency=4)
+
+    assert {r.status for r in finished} == {"succeeded"} and summary.succeeded == 8
+    attempts = [a for rollout_id in ids for a in await store.query_attempts(rollout_id)]
+    assert len(attempts) == 8
+    assert most_at_once(attempts) == 4  # one worker process, four attempts overlapping, never more
+    [worker] = await store.query_workers()
+    assert worker.heartbeat_stats is not None and worker.heartbeat_stats["succeeded"] == 8
+
+
+@pytest.mark.parametrize(
+    ("agent", "fault"), [("tests.agents:faulty_sync", "hang"), ("tests.agents:faulty", "block_loop")]
+)
+async def test_a_hung_attempt_times_out_and_the_others_of_its_worker_are_released(
+    served: tuple[SqlStore, str], agent: str, fault: str
+) -> None:
+    store, url = served
+    hung = await store.enqueue_rollout({"i": 0, "fault": fault}, config=RETRY.model_copy(update={"timeout_seconds": 2}))
+    # No retries: a released attempt is requeued all the same, since it was not at fault.
+    healthy = await store.enqueue_many_rollouts(
+        [{"input": {"i": i, "sleep": 5.0}, "config": RolloutConfig(timeout_seconds=30)} for i in (1, 2, 3)]  # type: ignore[misc]
+    )
+    ids = [hung.rollout_id, *(r.rollout_id for r in healthy)]
+
+    finished, summary = await run_until_done(store, url, agent, ids, workers=1, concurrency=4, kill_after=1)
+
+    assert [r.status for r in finished] == ["succeeded"] * 4
+    assert await attempts_of(store, hung.rollout_id) == ["timeout", "succeeded"]
+    for rollout in healthy:
+        first, *rest = await store.query_attempts(rollout.rollout_id, sort_by="sequence_id")
+        assert (first.status, (first.metadata or {}).get("released")) == ("failed", "worker ended over another attempt")
+        assert [a.status for a in rest] == ["succeeded"]
+    assert summary.worker_restarts == 1
