@@ -165,12 +165,8 @@ class Worker:
         self.report({"event": "claimed", "rollout_id": rollout_id, "attempt_id": attempt_id, "timeout": timeout})
         status: AttemptStatus = "failed"
         try:
-            await persist(
-                lambda: self.store.update_attempt(
-                    rollout_id, attempt_id, status="running", last_heartbeat_time=time.time()
-                ),
-                what="start attempt",
-            )
+            # No "running" write of its own: the attempt's first span or heartbeat marks it running (the store
+            # revives a preparing attempt on either, as Agent Lightning's does), one write fewer per rollout.
             with tracer.attempt(rollout_id, attempt_id):
                 status, hung = await self._run_agent(claimed, timeout, resources)
             if not await tracer.flush():
