@@ -32,7 +32,7 @@ class LocalPolicy:
     ``algorithms.session.ServedPolicy``."""
 
     def __init__(
-        self, model_dir: str | Path, *, model_name: str = "policy", port: int | None = None, max_batch_size: int = 32
+        self, model_dir: str | Path, *, model_name: str = "policy", port: int | None = None, max_batch_size: int = 64
     ) -> None:
         self.server = PolicyServer(model_dir, model_name=model_name, max_batch_size=max_batch_size)
         self.port = port or free_port()

@@ -33,7 +33,7 @@ class PolicyServer:
     """Serves the causal LM in ``model_dir`` under the name ``model_name``, decoding up to ``max_batch_size``
     requests at once (1: one at a time)."""
 
-    def __init__(self, model_dir: str | Path, *, model_name: str | None = None, max_batch_size: int = 32) -> None:
+    def __init__(self, model_dir: str | Path, *, model_name: str | None = None, max_batch_size: int = 64) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 

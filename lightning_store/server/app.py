@@ -8,7 +8,6 @@ bug and a 500; it is logged with its traceback, never sent to the client.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -25,6 +24,7 @@ from lightning_store.errors import ConflictError, InvalidRequestError, NotFoundE
 from lightning_store.server import otlp, proxy, routes_rollouts, routes_store
 from lightning_store.server.guards import Guards
 from lightning_store.server.metrics import Metrics
+from lightning_store.server.recorder import CallRecorder
 from lightning_store.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -47,9 +47,9 @@ def create_app(settings: ServerSettings, store: LightningStore | None = None) ->
                 app.state.store = store
             app.state.upstream_http = httpx.AsyncClient(timeout=httpx.Timeout(settings.upstream_timeout, connect=10))
             stack.push_async_callback(app.state.upstream_http.aclose)
-            app.state.background = set()
-            # Last in, first out: LLM-call records still being written finish before the store closes.
-            stack.push_async_callback(_drain, app.state.background)
+            app.state.recorder = CallRecorder(app.state.store)
+            # Last in, first out: LLM-call records still queued are written before the store closes.
+            stack.push_async_callback(app.state.recorder.close)
             yield
 
     app = FastAPI(title="lightning-store", version="0.1.0", lifespan=lifespan)
@@ -60,11 +60,6 @@ def create_app(settings: ServerSettings, store: LightningStore | None = None) ->
     _add_error_handlers(app)
     # The guards come first: /metrics needs the token too, and refused requests never reach the app.
     return Guards(Metrics(app), token=settings.token, max_body_bytes=settings.max_body_bytes)
-
-
-async def _drain(tasks: set[asyncio.Task[None]]) -> None:
-    if tasks:
-        await asyncio.gather(*list(tasks), return_exceptions=True)
 
 
 def _error(status: int, exc: StoreError | Exception, field: str | None = None) -> JSONResponse:

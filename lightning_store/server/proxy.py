@@ -5,14 +5,14 @@ without the prefix and with ``x-rollout-id``/``x-attempt-id`` headers) forwards 
 by the rollout's resources (the first ``llm`` resource; else the latest snapshot's; else the configured
 ``llm_upstream``), asking it for token ids (``return_token_ids``) and logprobs the way vLLM returns them. The
 agent gets the upstream's answer unchanged (streamed when it asked for ``stream``). After the answer has gone
-out, a span and a typed :class:`~lightning_store.llm_calls.LlmCall` are recorded in the background, so a slow
-store never delays the agent. An upstream error goes back to the agent with its status and is recorded as an
-error span.
+out, a span and a typed :class:`~lightning_store.llm_calls.LlmCall` are recorded in the background, in batches
+(:mod:`~lightning_store.server.recorder`), so a slow store never delays the agent. An upstream error goes back to
+the agent with its status and is recorded as an error span.
 """
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import json
 import logging
 import secrets
@@ -29,6 +29,7 @@ from lightning_store.errors import InvalidRequestError, NotFoundError
 from lightning_store.llm_calls import LlmCall
 from lightning_store.models import AttemptedRollout
 from lightning_store.resources import LLM, ProxyLLM, ResourcesUpdate
+from lightning_store.server.recorder import CallRecord, CallRecorder
 from lightning_store.server.routes_rollouts import Store
 from lightning_store.spans import Span
 
@@ -97,7 +98,7 @@ async def _proxy(
             status_code=502,
         )
     upstream_body = _with_token_ids(body, kind, llm)
-    call = _Call(store, request.app.state.background, rollout_id, attempt_id, kind, body, resources)
+    call = _Call(request.app.state.recorder, rollout_id, attempt_id, kind, body, resources)
     http: httpx.AsyncClient = request.app.state.upstream_http
     url = f"{llm.endpoint.rstrip('/')}/{kind}"
     headers = {"Authorization": f"Bearer {llm.api_key}"} if llm.api_key else {}
@@ -244,96 +245,88 @@ def _logprobs(choice: dict[str, Any]) -> list[float]:
 
 
 class _Call:
-    """One proxied call; ``record``/``record_error`` schedule the store writes without awaiting them."""
+    """One proxied call; ``record``/``record_error`` queue its span and LLM-call record with the server's
+    :class:`~lightning_store.server.recorder.CallRecorder`, without waiting for the write."""
 
     def __init__(
         self,
-        store: LightningStore,
-        background: set[asyncio.Task[None]],
+        recorder: CallRecorder,
         rollout_id: str,
         attempt_id: str,
         kind: str,
         request: dict[str, Any],
         resources: ResourcesUpdate | None,
     ) -> None:
-        self.store, self.background = store, background
+        self.recorder = recorder
         self.rollout_id, self.attempt_id, self.kind, self.request = rollout_id, attempt_id, kind, request
         self.resources = resources
         self.started = time.time()
         self.span_id = secrets.token_hex(8)
 
     def record(self, response: dict[str, Any]) -> None:
-        self._schedule(self._write(response, None))
+        self._queue(response, None)
 
     def record_error(self, status: int, detail: str) -> None:
-        self._schedule(self._write(None, f"upstream answered {status}: {detail[:2000]}"))
+        self._queue(None, f"upstream answered {status}: {detail[:2000]}")
 
-    def _schedule(self, work: Any) -> None:
-        task = asyncio.create_task(work)
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
-
-    async def _write(self, response: dict[str, Any] | None, error: str | None) -> None:
+    def _queue(self, response: dict[str, Any] | None, error: str | None) -> None:
         ended = time.time()
-        try:
-            sequence_id = await self.store.get_next_span_sequence_id(self.rollout_id, self.attempt_id)
-            choice = ((response or {}).get("choices") or [{}])[0]
-            prompt_ids = (response or {}).get("prompt_token_ids") or choice.get("prompt_token_ids") or []
-            response_ids = choice.get("token_ids") or []
-            model = (response or {}).get("model") or self.request.get("model")
-            operation = "chat" if self.kind == "chat/completions" else "text_completion"
-            attributes: dict[str, Any] = {
-                "gen_ai.operation.name": operation,
-                "gen_ai.request.model": self.request.get("model"),
-                "gen_ai.response.model": model,
-                "gen_ai.usage.input_tokens": len(prompt_ids),
-                "gen_ai.usage.output_tokens": len(response_ids),
-                "lightning_store.llm_call": True,
-            }
-            if choice.get("finish_reason"):
-                attributes["gen_ai.response.finish_reasons"] = [choice["finish_reason"]]
-            if error:
-                attributes["error.type"] = "upstream_error"
-            span = Span(
-                rollout_id=self.rollout_id,
-                attempt_id=self.attempt_id,
-                sequence_id=sequence_id,
-                trace_id=secrets.token_hex(16),
-                span_id=self.span_id,
-                name=f"{operation} {model or ''}".strip(),
-                status={"status_code": "ERROR" if error else "OK", "description": error},
-                attributes={k: v for k, v in attributes.items() if v is not None},
-                start_time=self.started,
-                end_time=ended,
-            )
-            await self.store.add_many_spans([span])
-            if error is None:
-                await self.store.add_llm_calls(
-                    [
-                        LlmCall(
-                            rollout_id=self.rollout_id,
-                            attempt_id=self.attempt_id,
-                            span_id=self.span_id,
-                            sequence_id=sequence_id,
-                            model=model,
-                            agent_name=self.request.get("metadata", {}).get("agent_name")
-                            if isinstance(self.request.get("metadata"), dict)
-                            else None,
-                            resources_id=self.resources.resources_id if self.resources else None,
-                            resources_version=self.resources.version if self.resources else None,
-                            prompt_token_ids=prompt_ids,
-                            response_token_ids=response_ids,
-                            response_logprobs=_logprobs(choice) or None,
-                            request=self.request,
-                            response=response,
-                            sampling_parameters={k: self.request[k] for k in SAMPLING_KEYS if k in self.request},
-                            finish_reason=choice.get("finish_reason"),
-                            start_time=self.started,
-                            end_time=ended,
-                            latency_seconds=ended - self.started,
-                        )
-                    ]
-                )
-        except Exception:
-            # The agent already has its answer; a failed record is logged, never raised into the request.
-            logger.exception("could not record the LLM call of rollout %s attempt %s", self.rollout_id, self.attempt_id)
+        build = functools.partial(self._build, response=response, error=error, ended=ended)
+        self.recorder.add(CallRecord(self.rollout_id, self.attempt_id, build))
+
+    def _build(
+        self, sequence_id: int, *, response: dict[str, Any] | None, error: str | None, ended: float
+    ) -> tuple[Span, LlmCall | None]:
+        choice = ((response or {}).get("choices") or [{}])[0]
+        prompt_ids = (response or {}).get("prompt_token_ids") or choice.get("prompt_token_ids") or []
+        response_ids = choice.get("token_ids") or []
+        model = (response or {}).get("model") or self.request.get("model")
+        operation = "chat" if self.kind == "chat/completions" else "text_completion"
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": operation,
+            "gen_ai.request.model": self.request.get("model"),
+            "gen_ai.response.model": model,
+            "gen_ai.usage.input_tokens": len(prompt_ids),
+            "gen_ai.usage.output_tokens": len(response_ids),
+            "lightning_store.llm_call": True,
+        }
+        if choice.get("finish_reason"):
+            attributes["gen_ai.response.finish_reasons"] = [choice["finish_reason"]]
+        if error:
+            attributes["error.type"] = "upstream_error"
+        span = Span(
+            rollout_id=self.rollout_id,
+            attempt_id=self.attempt_id,
+            sequence_id=sequence_id,
+            trace_id=secrets.token_hex(16),
+            span_id=self.span_id,
+            name=f"{operation} {model or ''}".strip(),
+            status={"status_code": "ERROR" if error else "OK", "description": error},
+            attributes={k: v for k, v in attributes.items() if v is not None},
+            start_time=self.started,
+            end_time=ended,
+        )
+        if error is not None:
+            return span, None
+        metadata = self.request.get("metadata")
+        call = LlmCall(
+            rollout_id=self.rollout_id,
+            attempt_id=self.attempt_id,
+            span_id=self.span_id,
+            sequence_id=sequence_id,
+            model=model,
+            agent_name=metadata.get("agent_name") if isinstance(metadata, dict) else None,
+            resources_id=self.resources.resources_id if self.resources else None,
+            resources_version=self.resources.version if self.resources else None,
+            prompt_token_ids=prompt_ids,
+            response_token_ids=response_ids,
+            response_logprobs=_logprobs(choice) or None,
+            request=self.request,
+            response=response,
+            sampling_parameters={k: self.request[k] for k in SAMPLING_KEYS if k in self.request},
+            finish_reason=choice.get("finish_reason"),
+            start_time=self.started,
+            end_time=ended,
+            latency_seconds=ended - self.started,
+        )
+        return span, call

@@ -81,9 +81,13 @@ async def latest_attempt(rollout_id: str, store: Store) -> dict[str, Any] | None
 
 @router.post("/rollouts/{rollout_id}/attempts/{attempt_id}")
 async def update_attempt(
-    rollout_id: str, attempt_id: str, body: wire.UpdateAttemptBody, store: Store
+    rollout_id: str, attempt_id: str, body: wire.UpdateAttemptBody, store: Store, request: Request
 ) -> dict[str, Any]:
-    attempt = await store.update_attempt(rollout_id, attempt_id, **body.changes())
+    changes = body.changes()
+    if "status" in changes:
+        # The attempt's LLM calls this server proxied are in the store before its status says it is done.
+        await request.app.state.recorder.settled(attempt_id)
+    attempt = await store.update_attempt(rollout_id, attempt_id, **changes)
     return attempt.model_dump(mode="json")
 
 

@@ -152,3 +152,29 @@ async def test_unknown_ids_and_missing_upstream(proxy: httpx.AsyncClient, sql_st
 
 def test_tiny_model_files_exist(policy: PolicyServer) -> None:
     assert (Path(policy.model_dir) / "config.json").exists()
+
+
+async def test_concurrent_calls_of_many_attempts_are_all_recorded_before_their_attempts_end(
+    proxy: httpx.AsyncClient, sql_store: SqlStore, upstream: str
+) -> None:
+    resources = await sql_store.add_resources({"policy": LLM(endpoint=f"{upstream}/v1", model="tiny")})
+    rollouts = [await sql_store.start_rollout({"i": i}, resources_id=resources.resources_id) for i in range(6)]
+    body = {"messages": MESSAGES, "max_tokens": 3, "temperature": 1.0}
+
+    async def attempt(rollout: AttemptedRollout) -> None:
+        for _ in range(3):
+            assert (await proxy.post(bound(rollout), json=body)).status_code == 200
+        # At once, as a worker reports: the records of the calls may still be queued.
+        ended = await proxy.post(
+            f"/v1/agl/rollouts/{rollout.rollout_id}/attempts/{rollout.attempt.attempt_id}",
+            json={"status": "succeeded"},
+        )
+        assert ended.status_code == 200, ended.text
+
+    await asyncio.gather(*(attempt(r) for r in rollouts))
+
+    for rollout in rollouts:  # read right after the status, with no waiting
+        calls = await sql_store.query_llm_calls([rollout.rollout_id])
+        spans = await sql_store.query_spans(rollout.rollout_id)
+        assert len(calls) == 3 and [s.sequence_id for s in spans] == [1, 2, 3]
+        assert {c.span_id for c in calls} == {s.span_id for s in spans}

@@ -1,0 +1,100 @@
+"""Writes the LLM proxy's call records in batches, after the answers have gone out.
+
+Each proxied call needs a span sequence id, a span and an :class:`~lightning_store.llm_calls.LlmCall`: three
+write transactions, and on SQLite every write waits for the one before it. With many attempts calling the LLM
+at once that made the proxy the store's busiest writer. The recorder queues the records and one task writes
+whatever has queued up: one sequence-id allocation, one span write and one LLM-call write per batch. There is no
+batching window: the first record is written at once, and the records that arrive while a batch is being
+written form the next one, so batches grow only when writes are the bottleneck.
+
+An attempt's records must be in the store before its final status is, or a trainer that wakes on the status could
+read the rollout without its LLM calls: :meth:`settled` waits for an attempt's queued records, and the server
+calls it before it applies an attempt status. (It covers the calls this server process proxied; with several
+server processes, a call proxied by another one may still land a moment after the status.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from lightning_store.contract import LightningStore
+from lightning_store.errors import NotFoundError
+from lightning_store.llm_calls import LlmCall
+from lightning_store.spans import Span
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One proxied call, complete but for its span sequence id: ``build(sequence_id)`` gives the span and,
+    unless the call failed, its LLM-call record."""
+
+    rollout_id: str
+    attempt_id: str
+    build: Callable[[int], tuple[Span, LlmCall | None]]
+
+
+class CallRecorder:
+    """Queues :class:`CallRecord` values and writes them to ``store`` in batches (see the module docstring)."""
+
+    def __init__(self, store: LightningStore) -> None:
+        self.store = store
+        self._queue: list[CallRecord] = []
+        self._unwritten: Counter[str] = Counter()
+        self._written = asyncio.Condition()
+        self._writer: asyncio.Task[None] | None = None
+
+    def add(self, record: CallRecord) -> None:
+        """Queue ``record``; it is written soon, without the caller waiting for it."""
+        self._queue.append(record)
+        self._unwritten[record.attempt_id] += 1
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_queued())
+
+    async def settled(self, attempt_id: str) -> None:
+        """Return once no record of ``attempt_id`` is waiting to be written (written, or failed and logged)."""
+        async with self._written:
+            await self._written.wait_for(lambda: self._unwritten[attempt_id] == 0)
+
+    async def close(self) -> None:
+        """Write what is queued."""
+        while self._writer is not None and not self._writer.done():
+            await asyncio.gather(self._writer, return_exceptions=True)
+
+    async def _write_queued(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue, []
+            try:
+                await self._write(batch)
+            except NotFoundError:
+                # An attempt of the batch is gone (deleted with its rollout): the others still land.
+                for record in batch:
+                    await self._write_alone(record)
+            except Exception:
+                logger.exception("could not record %d LLM calls", len(batch))
+            finally:
+                async with self._written:
+                    self._unwritten.subtract(record.attempt_id for record in batch)
+                    self._unwritten += Counter()  # drops the attempts at zero
+                    self._written.notify_all()
+
+    async def _write(self, batch: Sequence[CallRecord]) -> None:
+        numbers = await self.store.get_many_span_sequence_ids([(r.rollout_id, r.attempt_id) for r in batch])
+        built = [record.build(number) for record, number in zip(batch, numbers, strict=True)]
+        await self.store.add_many_spans([span for span, _ in built])
+        calls = [call for _, call in built if call is not None]
+        if calls:
+            await self.store.add_llm_calls(calls)
+
+    async def _write_alone(self, record: CallRecord) -> None:
+        try:
+            await self._write([record])
+        except Exception:
+            # The agent already has its answer; a failed record is logged, never raised into a request.
+            ids = record.rollout_id, record.attempt_id
+            logger.exception("could not record the LLM call of rollout %s attempt %s", *ids)
