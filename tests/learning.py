@@ -72,17 +72,18 @@ async def train(
     model_dir: Path,
     output_dir: Path,
     steps: int,
-    workers: int = 4,
+    workers: int = 2,
+    concurrency: int = 8,
     train_tasks: Sequence[Any] = TRAIN_TASKS,
     val_tasks: Sequence[Any] = VAL_TASKS,
     agent: str = "examples.flight.agent:flight_agent",
     trainer: TrainerSettings | None = None,
 ) -> dict[str, Any]:
-    """Train with ``store run`` running ``agent`` (the flight agent) against the store at ``url``; the
-    algorithm's summary."""
+    """Train with ``store run`` running ``agent`` (the flight agent) against the store at ``url``, with
+    ``workers × concurrency`` attempts in flight; the algorithm's summary."""
     await asyncio.to_thread(output_dir.mkdir, parents=True, exist_ok=True)
     with (
-        runners(agent, url, workers=workers, log=output_dir / "runner.log"),
+        runners(agent, url, workers=workers, concurrency=concurrency, log=output_dir / "runner.log"),
         LocalPolicy(model_dir, model_name="tiny") as policy,
     ):
         session = TrainingSession(
