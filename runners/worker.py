@@ -127,7 +127,7 @@ class Worker:
                 claimed = await self._dequeue(self.concurrency - len(running))
                 resources = await self._resources_of(claimed)
                 for one in claimed:
-                    update = resources.get(one.resources_id or "")
+                    update = _resources_for(one, resources)
                     running.add(asyncio.create_task(self.run_attempt(one, tracer, update)))
                 done = {task for task in running if task.done()}
                 running -= done
@@ -229,18 +229,20 @@ class Worker:
         return "succeeded", False
 
     async def _resources_of(self, claimed: Sequence[AttemptedRollout]) -> dict[str, ResourcesUpdate | None]:
-        """The resources of a batch of claims, each distinct version fetched once."""
+        """The resources of a batch of claims by resources id ("" for "the latest", which also stands in for an
+        id the store does not know), each fetched once."""
         found: dict[str, ResourcesUpdate | None] = {}
-        for resources_id in {one.resources_id for one in claimed if one.resources_id}:
-            fetch = functools.partial(self.store.get_resources_by_id, resources_id)
-            found[resources_id] = await persist(fetch, what="resources")
+        for resources_id in {one.resources_id or "" for one in claimed}:
+            if resources_id:
+                fetch = functools.partial(self.store.get_resources_by_id, resources_id)
+                found[resources_id] = await persist(fetch, what="resources")
+            if found.get(resources_id) is None and "" not in found:
+                found[""] = await persist(self.store.get_latest_resources, what="latest resources")
         return found
 
     async def _resources(self, claimed: AttemptedRollout, update: ResourcesUpdate | None) -> dict[str, Any]:
-        if update is None and claimed.resources_id:
-            update = await persist(lambda: self.store.get_resources_by_id(claimed.resources_id or ""), what="resources")
         if update is None:
-            update = await persist(self.store.get_latest_resources, what="latest resources")
+            update = _resources_for(claimed, await self._resources_of([claimed]))
         return bind_resources(
             update.resources if update else {},
             rollout_id=claimed.rollout_id,
@@ -287,3 +289,8 @@ def _reraise(done: Iterable[asyncio.Task[AttemptStatus]]) -> None:
     for task in done:
         if not task.cancelled() and task.exception() is not None:
             task.result()
+
+
+def _resources_for(claimed: AttemptedRollout, found: dict[str, ResourcesUpdate | None]) -> ResourcesUpdate | None:
+    """A claim's resources out of :meth:`Worker._resources_of`'s answer: its own version, else the latest."""
+    return found.get(claimed.resources_id or "") or found.get("")
