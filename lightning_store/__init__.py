@@ -6,6 +6,7 @@ from lightning_store.llm_calls import LlmCall
 from lightning_store.models import (
     Attempt,
     AttemptedRollout,
+    AttemptEnd,
     AttemptStatus,
     EnqueueRolloutRequest,
     PaginatedResult,
@@ -23,6 +24,7 @@ __all__ = [
     "LLM",
     "UNSET",
     "Attempt",
+    "AttemptEnd",
     "AttemptStatus",
     "AttemptedRollout",
     "ConflictError",

@@ -25,6 +25,7 @@ from lightning_store.llm_calls import LlmCall
 from lightning_store.models import (
     Attempt,
     AttemptedRollout,
+    AttemptEnd,
     AttemptStatus,
     EnqueueRolloutRequest,
     FilterLogic,
@@ -333,6 +334,11 @@ class HttpStore:
         )
         return Attempt.model_validate(data)
 
+    async def end_attempts(self, ends: Sequence[AttemptEnd]) -> list[Attempt | None]:
+        body = {"ends": [e.model_dump(mode="json") if isinstance(e, AttemptEnd) else e for e in ends]}
+        data = await self._call("POST", "/v1/agl/attempts/end", json=body, idempotent=True)
+        return [None if item is None else Attempt.model_validate(item) for item in data]
+
     async def scan_unhealthy(self) -> int:
         marked: int = (await self._call("POST", "/v1/agl/watchdog/scan", idempotent=True))["marked"]
         return marked
@@ -473,6 +479,11 @@ class HttpStore:
 
     async def get_resources_by_id(self, resources_id: str) -> ResourcesUpdate | None:
         data = await self._call("GET", f"/v1/agl/resources/{_id(resources_id, 'resources_id')}", idempotent=True)
+        return None if data is None else ResourcesUpdate.model_validate(data)
+
+    async def get_attempt_resources(self, rollout_id: str, attempt_id: str) -> ResourcesUpdate | None:
+        path = f"/v1/agl/rollouts/{_id(rollout_id, 'rollout_id')}/attempts/{_id(attempt_id, 'attempt_id')}/resources"
+        data = await self._call("GET", path, idempotent=True)
         return None if data is None else ResourcesUpdate.model_validate(data)
 
     async def get_latest_resources(self) -> ResourcesUpdate | None:

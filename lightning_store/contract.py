@@ -17,6 +17,7 @@ from lightning_store.llm_calls import LlmCall
 from lightning_store.models import (
     Attempt,
     AttemptedRollout,
+    AttemptEnd,
     AttemptStatus,
     EnqueueRolloutRequest,
     FilterLogic,
@@ -196,6 +197,14 @@ class LightningStore(Protocol):
         watchdog or a newer attempt."""
         ...
 
+    async def end_attempts(self, ends: Sequence[AttemptEnd]) -> list[Attempt | None]:
+        """Report several attempts' final statuses in one transaction (an addition): each entry applies as
+        ``update_attempt(rollout_id, attempt_id, status=…, metadata=…, if_current=True)`` would, and its result
+        is the ended attempt, or None where the attempt was no longer current (nothing written for that entry).
+        An invalid or unknown entry raises ``InvalidRequestError``/``NotFoundError`` naming it (``ends.3.status``)
+        and nothing at all is written. At most 1000 entries per call."""
+        ...
+
     # Spans -----------------------------------------------------------------------------------------------
 
     async def add_span(self, span: Span) -> Span | None:
@@ -284,6 +293,12 @@ class LightningStore(Protocol):
     async def get_resources_by_id(self, resources_id: str) -> ResourcesUpdate | None: ...
 
     async def get_latest_resources(self) -> ResourcesUpdate | None: ...
+
+    async def get_attempt_resources(self, rollout_id: str, attempt_id: str) -> ResourcesUpdate | None:
+        """The snapshot an attempt runs with: its rollout's (``resources_id``) when stored, else the latest (None
+        when there is none). Raises NotFoundError (field ``rollout_id`` or ``attempt_id``) when the rollout, or
+        that attempt of it, does not exist. An addition: the LLM proxy's one read per call."""
+        ...
 
     async def query_resources(
         self,

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 RolloutStatus = Literal["queuing", "preparing", "running", "failed", "succeeded", "cancelled", "requeuing"]
 AttemptStatus = Literal["preparing", "running", "failed", "succeeded", "unresponsive", "timeout"]
+EndedAttemptStatus = Literal["succeeded", "failed", "timeout"]
+"""The statuses an attempt ends with (see ``ENDED_ATTEMPT_STATUSES``)."""
 RolloutMode = Literal["train", "val", "test"]
 WorkerStatus = Literal["idle", "busy", "unknown"]
 SortOrder = Literal["asc", "desc"]
@@ -104,6 +106,18 @@ class EnqueueRolloutRequest(BaseModel):
     config: RolloutConfig | None = None
     metadata: dict[str, Any] | None = None
     rollout_id: str | None = Field(default=None, min_length=1, max_length=128)
+
+
+class AttemptEnd(BaseModel):
+    """An attempt's final status, as a runner reports it (:meth:`LightningStore.end_attempts`, an addition);
+    ``metadata``, when given, replaces the attempt's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rollout_id: str = Field(min_length=1)
+    attempt_id: str = Field(min_length=1)
+    status: EndedAttemptStatus
+    metadata: dict[str, Any] | None = None
 
 
 class Worker(BaseModel):

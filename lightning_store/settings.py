@@ -35,7 +35,9 @@ class StoreSettings(BaseSettings):
     postgres_poll_interval: float = Field(
         default=1.0, gt=0, description="Safety re-check interval of waits on Postgres (NOTIFY wakes them first)."
     )
-    pool_size: int = Field(default=10, ge=1, description="Database connections kept per process (Postgres).")
+    pool_size: int = Field(
+        default=10, ge=1, description="Database connections kept per process (SQLite: also the most open at once)."
+    )
 
 
 def load_settings(**overrides: Any) -> StoreSettings:

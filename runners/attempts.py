@@ -1,20 +1,23 @@
 """Ending an attempt from the runner's side without overruling the store.
 
 The watchdog may have timed an attempt out, or a newer attempt may exist, by the time a worker (or the
-supervisor, for a dead worker) reports; then the store's verdict stands. Every report goes through
-:func:`end_if_current`, a conditional update (``if_current``) that the store checks and applies atomically.
+supervisor, for a dead worker) reports; then the store's verdict stands. Every report is a conditional update
+(``if_current``) that the store checks and applies atomically: one at a time through :func:`end_if_current`, or
+many in one request through :class:`EndBatcher`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 from collections import Counter
 from typing import Any
 
 from lightning_store.contract import UNSET, LightningStore
 from lightning_store.errors import ConflictError
-from lightning_store.models import AttemptStatus
-from runners.resilience import UNREACHABLE
+from lightning_store.models import AttemptEnd, AttemptStatus, EndedAttemptStatus
+from runners.resilience import UNREACHABLE, persist
 
 logger = logging.getLogger(__name__)
 
@@ -58,3 +61,54 @@ async def release(store: LightningStore, rollout_id: str, attempt_id: str, reaso
         logger.warning("could not release %s (%s); the watchdog will recover it", attempt_id, type(error).__name__)
         return False
     return True
+
+
+class EndBatcher:
+    """Reports a worker's attempt ends in batches: every end that arrives while a request is in flight goes out
+    together in the next one (``end_attempts``, one transaction). There is no waiting window, so a lone end
+    goes out at once; a worker with many attempts in flight ends many at about the same time, and one request
+    for them all costs the store a fraction of one each. A store that cannot be reached is retried (``persist``).
+    """
+
+    MAX_BATCH = 256
+
+    def __init__(self, store: LightningStore) -> None:
+        self.store = store
+        self._queued: list[tuple[AttemptEnd, asyncio.Future[bool]]] = []
+        self._sender: asyncio.Task[None] | None = None
+
+    async def end(self, rollout_id: str, attempt_id: str, status: EndedAttemptStatus) -> bool:
+        """Report the attempt's final status: True once the store took it, False when the attempt was no longer
+        current (nothing written; the store's verdict stands). Raises what the store raised for its batch."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._queued.append((AttemptEnd(rollout_id=rollout_id, attempt_id=attempt_id, status=status), future))
+        if self._sender is None:
+            self._sender = asyncio.create_task(self._send())
+        return await future
+
+    async def _send(self) -> None:
+        batch: list[tuple[AttemptEnd, asyncio.Future[bool]]] = []
+        try:
+            while self._queued:
+                batch, self._queued = self._queued[: self.MAX_BATCH], self._queued[self.MAX_BATCH :]
+                call = functools.partial(self.store.end_attempts, [end for end, _ in batch])
+                try:
+                    ended = await persist(call, what="report status")
+                except Exception as error:
+                    _settle(batch, error)
+                    continue
+                for (_, future), attempt in zip(batch, ended, strict=True):
+                    if not future.done():
+                        future.set_result(attempt is not None)
+        except BaseException as error:  # cancelled: nobody may wait forever
+            _settle([*batch, *self._queued], error)
+            self._queued = []
+            raise
+        finally:
+            self._sender = None
+
+
+def _settle(entries: list[tuple[AttemptEnd, asyncio.Future[bool]]], error: BaseException) -> None:
+    for _, future in entries:
+        if not future.done():
+            future.set_exception(error if isinstance(error, Exception) else RuntimeError("status report cancelled"))

@@ -25,10 +25,10 @@ from typing import Any
 
 from lightning_store.contract import LightningStore
 from lightning_store.errors import ConflictError
-from lightning_store.models import AttemptedRollout, AttemptStatus
+from lightning_store.models import AttemptedRollout, EndedAttemptStatus
 from lightning_store.resources import ResourcesUpdate
 from runners.agent import RolloutAgent
-from runners.attempts import end_if_current, outcome, tally
+from runners.attempts import EndBatcher, outcome, tally
 from runners.endpoint import bind_resources, main_llm
 from runners.resilience import UNREACHABLE, persist
 from tracers import Tracer, emit_exception, emit_reward
@@ -108,13 +108,14 @@ class Worker:
         self.in_flight: dict[str, AttemptedRollout] = {}
         """The attempts running now, by attempt id."""
         self._threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="agent")
+        self._ends = EndBatcher(store)
         self._last_worker_heartbeat = -float("inf")
 
     async def run(self, stop: asyncio.Event, *, idle_exit: float | None = None) -> None:
         """Dequeue and run attempts until ``stop`` is set, or the queue stayed empty for ``idle_exit`` s; then
         wait for the attempts in flight. :class:`AgentHung` ends it at once."""
         tracer = Tracer(self.store)
-        running: set[asyncio.Task[AttemptStatus]] = set()
+        running: set[asyncio.Task[EndedAttemptStatus]] = set()
         idle_since = time.monotonic()
         try:
             while not stop.is_set():
@@ -156,14 +157,14 @@ class Worker:
 
     async def run_attempt(
         self, claimed: AttemptedRollout, tracer: Tracer, resources: ResourcesUpdate | None = None
-    ) -> AttemptStatus:
+    ) -> EndedAttemptStatus:
         """Run one claimed attempt to its end and report its status (which is also returned). ``resources``:
         those of its rollout, when the caller has them already (fetched from the store otherwise)."""
         rollout_id, attempt_id = claimed.rollout_id, claimed.attempt.attempt_id
         timeout = claimed.config.timeout_seconds or self.default_timeout
         self.in_flight[attempt_id] = claimed
         self.report({"event": "claimed", "rollout_id": rollout_id, "attempt_id": attempt_id, "timeout": timeout})
-        status: AttemptStatus = "failed"
+        status: EndedAttemptStatus = "failed"
         try:
             # No "running" write of its own: the attempt's first span or heartbeat marks it running (the store
             # revives a preparing attempt on either, as Agent Lightning's does), one write fewer per rollout.
@@ -190,7 +191,7 @@ class Worker:
 
     async def _run_agent(
         self, claimed: AttemptedRollout, timeout: float | None, update: ResourcesUpdate | None
-    ) -> tuple[AttemptStatus, bool]:
+    ) -> tuple[EndedAttemptStatus, bool]:
         """Run the agent (and its heartbeats); the attempt status and whether a sync agent's thread hung."""
         resources = await self._resources(claimed, update)
         args, kwargs = self.agent.arguments(
@@ -277,13 +278,14 @@ class Worker:
         stats = self.stats.as_heartbeat(list(self.in_flight.values()))
         await self.store.update_worker(self.worker_id, heartbeat_stats=stats)
 
-    async def _finish(self, rollout_id: str, attempt_id: str, status: AttemptStatus) -> None:
-        if not await persist(lambda: end_if_current(self.store, rollout_id, attempt_id, status), what="report status"):
+    async def _finish(self, rollout_id: str, attempt_id: str, status: EndedAttemptStatus) -> None:
+        # Batched with the other attempts' ends (one request for all that end while one is in flight).
+        if not await self._ends.end(rollout_id, attempt_id, status):
             raise AttemptLost(attempt_id)  # the watchdog decided first; its status stands
         self.stats.outcomes[outcome(status)] += 1
 
 
-def _reraise(done: Iterable[asyncio.Task[AttemptStatus]]) -> None:
+def _reraise(done: Iterable[asyncio.Task[EndedAttemptStatus]]) -> None:
     """Re-raise what escaped a finished attempt (:class:`AgentHung`, a store that stayed unreachable): it ends
     the worker, as it would have with one attempt at a time."""
     for task in done:

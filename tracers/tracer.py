@@ -47,6 +47,11 @@ class Tracer:
             schedule_delay_millis=schedule_delay * 1000,
             max_export_batch_size=max_batch,
         )
+        self._flush_calls = 0
+        """How many :meth:`flush` calls have been made (each call's ticket)."""
+        self._flush_run: asyncio.Future[bool] | None = None
+        self._flush_run_covers = 0
+        """The last ticket whose spans the flush run in progress is sure to write."""
 
     @classmethod
     def otlp(cls, server_url: str, *, token: str | None = None, schedule_delay: float = 0.5) -> Tracer:
@@ -65,9 +70,34 @@ class Tracer:
             yield binding
 
     async def flush(self, timeout: float = 60.0) -> bool:
-        """Write every finished span now; False if that did not complete within ``timeout``."""
+        """Write every finished span now; False if that did not complete within ``timeout``.
+
+        Calls made while a flush runs share the next one (group flushing): a worker with many attempts in
+        flight ends many at once, and a flush per attempt would queue each behind the others' exports.
+        """
+        self._flush_calls += 1
+        ticket = self._flush_calls
+        while True:
+            run = self._flush_run
+            if run is None:
+                # A run started now writes every span that ended before this call, and those of every call
+                # waiting for it.
+                self._flush_run_covers = self._flush_calls
+                run = self._flush_run = asyncio.ensure_future(self._flush_once(timeout))
+                run.add_done_callback(self._flush_done)
+            if self._flush_run_covers >= ticket:
+                return await asyncio.shield(run)
+            # The run in progress began before this call: wait for it to end, then join (or start) the next.
+            await asyncio.wait({run})
+
+    async def _flush_once(self, timeout: float) -> bool:
         # force_flush blocks until the exporter is done, and the exporter needs this loop: call it off the loop.
         return await asyncio.to_thread(self._processor.force_flush, int(timeout * 1000))
+
+    def _flush_done(self, run: asyncio.Future[bool]) -> None:
+        # Registered first, so it runs before the waiters wake: they find no run and start the next one.
+        if self._flush_run is run:
+            self._flush_run = None
 
     def lost_spans(self, attempt_id: str) -> int:
         """Spans of the attempt the store refused or could not be reached for (since the last call)."""

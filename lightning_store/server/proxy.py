@@ -27,7 +27,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from lightning_store.contract import LightningStore
 from lightning_store.errors import InvalidRequestError, NotFoundError
 from lightning_store.llm_calls import LlmCall
-from lightning_store.models import AttemptedRollout
 from lightning_store.resources import LLM, ProxyLLM, ResourcesUpdate
 from lightning_store.server.recorder import CallRecord, CallRecorder
 from lightning_store.server.routes_rollouts import Store
@@ -81,13 +80,7 @@ async def _proxy(
     body = await request.json()
     if not isinstance(body, dict):
         raise InvalidRequestError("the request body must be a JSON object", field="body")
-    rollout = await store.get_rollout_by_id(rollout_id)
-    if rollout is None:
-        raise NotFoundError(f"rollout {rollout_id!r} not found", field="rollout_id")
-    is_latest = isinstance(rollout, AttemptedRollout) and rollout.attempt.attempt_id == attempt_id
-    if not is_latest and attempt_id not in {a.attempt_id for a in await store.query_attempts(rollout_id)}:
-        raise NotFoundError(f"attempt {attempt_id!r} of rollout {rollout_id!r} not found", field="attempt_id")
-    resources = await _resources(store, rollout.resources_id)
+    resources = await store.get_attempt_resources(rollout_id, attempt_id)  # NotFoundError for unknown ids
     llm = _upstream_llm(resources, request.app.state.llm_upstream)
     if llm is None:
         return JSONResponse(
@@ -119,14 +112,6 @@ async def _proxy(
     data = upstream.json()
     call.record(data)
     return JSONResponse(data)
-
-
-async def _resources(store: LightningStore, resources_id: str | None) -> ResourcesUpdate | None:
-    if resources_id is not None:
-        found = await store.get_resources_by_id(resources_id)
-        if found is not None:
-            return found
-    return await store.get_latest_resources()
 
 
 def _upstream_llm(resources: ResourcesUpdate | None, configured: str | None) -> LLM | None:

@@ -91,6 +91,16 @@ async def update_attempt(
     return attempt.model_dump(mode="json")
 
 
+@router.post("/attempts/end")
+async def end_attempts(body: wire.EndAttemptsBody, store: Store, request: Request) -> list[dict[str, Any] | None]:
+    """Several attempts' final statuses in one transaction (an addition); null for an attempt no longer current."""
+    recorder = request.app.state.recorder
+    for end in body.ends:
+        await recorder.settled(end.attempt_id)  # as for a single status: its proxied calls land first
+    ended = await store.end_attempts(body.ends)
+    return [None if attempt is None else attempt.model_dump(mode="json") for attempt in ended]
+
+
 @router.post("/waits/rollouts")
 async def wait_for_rollouts(body: wire.WaitBody, store: Store) -> list[dict[str, Any]]:
     done = await store.wait_for_rollouts(rollout_ids=body.rollout_ids, timeout=wire.long_poll(body.timeout))

@@ -120,6 +120,13 @@ async def get_resources(resources_id: str, store: Store) -> dict[str, Any] | Non
     return None if found is None else found.model_dump(mode="json")
 
 
+@router.get("/rollouts/{rollout_id}/attempts/{attempt_id}/resources")
+async def attempt_resources(rollout_id: str, attempt_id: str, store: Store) -> dict[str, Any] | None:
+    """The resources an attempt runs with (an addition)."""
+    found = await store.get_attempt_resources(rollout_id, attempt_id)
+    return None if found is None else found.model_dump(mode="json")
+
+
 @router.post("/workers/search")
 async def search_workers(body: wire.QueryWorkersBody, store: Store) -> dict[str, Any]:
     return wire.page_json(await store.query_workers(**body.model_dump()))

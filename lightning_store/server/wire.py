@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from lightning_store.contract import UNSET
 from lightning_store.errors import InvalidRequestError
 from lightning_store.models import (
+    AttemptEnd,
     AttemptStatus,
     EnqueueRolloutRequest,
     FilterLogic,
@@ -103,6 +104,10 @@ class UpdateAttemptBody(Body):
         changes = _changes(self, not_null=("status", "worker_id", "last_heartbeat_time", "if_current"))
         changes["if_current"] = self.if_current
         return changes
+
+
+class EndAttemptsBody(Body):
+    ends: list[AttemptEnd]
 
 
 class QuerySpansBody(PageBody):

@@ -10,21 +10,25 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from lightning_store.contract import UNSET, Unset
-from lightning_store.errors import ConflictError, NotFoundError
+from lightning_store.errors import ConflictError, InvalidRequestError, NotFoundError
 from lightning_store.models import (
     ACTIVE_ATTEMPT_STATUSES,
     ATTEMPT_STATUSES,
     Attempt,
+    AttemptEnd,
     AttemptStatus,
     PaginatedResult,
     RolloutConfig,
     SortOrder,
 )
 from lightning_store.sql import transitions, validate
-from lightning_store.sql.base import SqlBase
+from lightning_store.sql.base import SqlBase, Wakeups
 from lightning_store.sql.paging import fetch_page
 from lightning_store.sql.rows import attempt_from_row
 from lightning_store.sql.schema import attempts
+
+MAX_ENDS = 1000
+"""The most attempt ends one ``end_attempts`` call takes."""
 
 ATTEMPT_SORTABLE = ("sequence_id", "attempt_id", "start_time", "end_time", "status", "worker_id", "last_heartbeat_time")
 
@@ -83,59 +87,115 @@ class AttemptOps(SqlBase):
     ) -> Attempt:
         if status is not UNSET:
             validate.one_of(status, ATTEMPT_STATUSES, "status")
+        async with self._write() as (conn, wakeups):
+            return await self._update_in(
+                conn,
+                wakeups,
+                rollout_id,
+                attempt_id,
+                status=status,
+                worker_id=worker_id,
+                last_heartbeat_time=last_heartbeat_time,
+                metadata=metadata,
+                if_current=if_current,
+                now=time.time(),
+            )
+
+    async def end_attempts(self, ends: Sequence[AttemptEnd]) -> list[Attempt | None]:
+        checked = [
+            e if type(e) is AttemptEnd else validate.model(AttemptEnd, e, f"ends.{i}") for i, e in enumerate(ends)
+        ]
+        if len(checked) > MAX_ENDS:
+            raise InvalidRequestError(f"ends: at most {MAX_ENDS} per call; got {len(checked)}", field="ends")
+        if not checked:
+            return []
+        results: dict[int, Attempt | None] = {}
         now = time.time()
         async with self._write() as (conn, wakeups):
-            rollout = await transitions.lock_rollout(conn, rollout_id)
-            latest = await transitions.latest_attempt(conn, rollout_id)
-            if attempt_id == "latest":
-                if latest is None:
-                    raise NotFoundError(f"rollout {rollout_id!r} has no attempts", field="attempt_id")
-                attempt = latest
-            else:
-                row = (
-                    (
-                        await conn.execute(
-                            sa.select(attempts).where(
-                                attempts.c.rollout_id == rollout_id, attempts.c.attempt_id == attempt_id
-                            )
+            # In rollout order: two writers locking the same rollouts (Postgres) take them in the same order.
+            for i in sorted(range(len(checked)), key=lambda i: (checked[i].rollout_id, i)):
+                end = checked[i]
+                try:
+                    results[i] = await self._update_in(
+                        conn,
+                        wakeups,
+                        end.rollout_id,
+                        end.attempt_id,
+                        status=end.status,
+                        metadata=UNSET if end.metadata is None else end.metadata,
+                        if_current=True,
+                        now=now,
+                    )
+                except ConflictError:
+                    results[i] = None  # the watchdog or a newer attempt decided first; nothing written for it
+                except NotFoundError as error:
+                    field = f"ends.{i}.{error.field}" if error.field else f"ends.{i}"
+                    raise NotFoundError(str(error), field=field) from None
+        return [results[i] for i in range(len(checked))]
+
+    async def _update_in(
+        self,
+        conn: AsyncConnection,
+        wakeups: Wakeups,
+        rollout_id: str,
+        attempt_id: str,
+        *,
+        status: AttemptStatus | Unset = UNSET,
+        worker_id: str | Unset = UNSET,
+        last_heartbeat_time: float | Unset = UNSET,
+        metadata: dict[str, Any] | None | Unset = UNSET,
+        if_current: bool,
+        now: float,
+    ) -> Attempt:
+        """``update_attempt`` inside the caller's write transaction; raises before writing anything when the
+        attempt is unknown or (with ``if_current``) no longer current."""
+        rollout = await transitions.lock_rollout(conn, rollout_id)
+        latest = await transitions.latest_attempt(conn, rollout_id)
+        if attempt_id == "latest":
+            if latest is None:
+                raise NotFoundError(f"rollout {rollout_id!r} has no attempts", field="attempt_id")
+            attempt = latest
+        else:
+            row = (
+                (
+                    await conn.execute(
+                        sa.select(attempts).where(
+                            attempts.c.rollout_id == rollout_id, attempts.c.attempt_id == attempt_id
                         )
                     )
-                    .mappings()
-                    .first()
                 )
-                if row is None:
-                    raise NotFoundError(
-                        f"attempt {attempt_id!r} of rollout {rollout_id!r} not found", field="attempt_id"
-                    )
-                attempt = attempt_from_row(row)
-            if if_current:
-                _check_current(attempt, latest)
-            values: dict[str, Any] = {}
-            if worker_id is not UNSET:
-                values["worker_id"] = worker_id
-            if last_heartbeat_time is not UNSET:
-                values["last_heartbeat_time"] = last_heartbeat_time
-            if metadata is not UNSET:
-                values["metadata"] = metadata
-            if values:
-                await conn.execute(
-                    sa.update(attempts).where(attempts.c.attempt_id == attempt.attempt_id).values(values)
-                )
-                attempt = attempt.model_copy(update=values)
-            if status is not UNSET:
-                attempt = await transitions.set_attempt_status(
-                    conn,
-                    wakeups,
-                    self.dialect,
-                    attempt=attempt,
-                    status=status,
-                    rollout_status=rollout["status"],
-                    config=RolloutConfig.model_validate(rollout["config"]),
-                    is_latest=latest is not None and latest.attempt_id == attempt.attempt_id,
-                    now=now,
-                )
-            elif worker_id is not UNSET:
-                await transitions.sync_worker(conn, self.dialect, attempt, now)
+                .mappings()
+                .first()
+            )
+            if row is None:
+                raise NotFoundError(f"attempt {attempt_id!r} of rollout {rollout_id!r} not found", field="attempt_id")
+            attempt = attempt_from_row(row)
+        if if_current:
+            _check_current(attempt, latest)
+        values: dict[str, Any] = {}
+        if worker_id is not UNSET:
+            values["worker_id"] = worker_id
+        if last_heartbeat_time is not UNSET:
+            values["last_heartbeat_time"] = last_heartbeat_time
+        if metadata is not UNSET:
+            values["metadata"] = metadata
+        if values:
+            await conn.execute(sa.update(attempts).where(attempts.c.attempt_id == attempt.attempt_id).values(values))
+            attempt = attempt.model_copy(update=values)
+        if status is not UNSET:
+            attempt = await transitions.set_attempt_status(
+                conn,
+                wakeups,
+                self.dialect,
+                attempt=attempt,
+                status=status,
+                rollout_status=rollout["status"],
+                config=RolloutConfig.model_validate(rollout["config"]),
+                is_latest=latest is not None and latest.attempt_id == attempt.attempt_id,
+                now=now,
+            )
+        elif worker_id is not UNSET:
+            await transitions.sync_worker(conn, self.dialect, attempt, now)
         return attempt
 
 

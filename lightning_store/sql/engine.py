@@ -42,6 +42,11 @@ def make_engine(url: str | URL, *, pool_size: int = 10) -> AsyncEngine:
     kwargs: dict[str, Any] = {}
     if is_memory_sqlite(parsed):
         kwargs["poolclass"] = StaticPool
+    else:
+        # No overflow: an overflow connection is opened and closed around a single use, and with aiosqlite that
+        # is a thread and four PRAGMAs per request once more than pool_size requests run at once. Waiting for a
+        # pooled connection is cheaper (and SQLite gains nothing from more concurrent readers on a few cores).
+        kwargs.update(pool_size=pool_size, max_overflow=0)
     engine = create_async_engine(parsed, **kwargs)
     _configure_sqlite(engine)
     return engine

@@ -8,7 +8,7 @@ from typing import Any
 import sqlalchemy as sa
 from pydantic import TypeAdapter, ValidationError
 
-from lightning_store.errors import InvalidRequestError
+from lightning_store.errors import InvalidRequestError, NotFoundError
 from lightning_store.models import PaginatedResult, SortOrder
 from lightning_store.resources import NamedResources, ResourcesUpdate
 from lightning_store.sql import validate
@@ -16,10 +16,11 @@ from lightning_store.sql.base import SqlBase
 from lightning_store.sql.dialect import contains_text, upsert
 from lightning_store.sql.paging import fetch_page
 from lightning_store.sql.rows import new_id, resources_from_row
-from lightning_store.sql.schema import resources
+from lightning_store.sql.schema import attempts, resources, rollouts
 
 RESOURCES_SORTABLE = ("resources_id", "create_time", "update_time", "version")
 _named_resources: TypeAdapter[NamedResources] = TypeAdapter(NamedResources)
+_LATEST = sa.select(resources).order_by(resources.c.update_time.desc(), resources.c.pk.desc()).limit(1)
 
 
 def _checked(value: Any) -> dict[str, Any]:
@@ -71,17 +72,30 @@ class ResourceOps(SqlBase):
             )
         return None if row is None else resources_from_row(row)
 
+    async def get_attempt_resources(self, rollout_id: str, attempt_id: str) -> ResourcesUpdate | None:
+        validate.non_empty_id(rollout_id, "rollout_id")
+        validate.non_empty_id(attempt_id, "attempt_id")
+        has_attempt = sa.exists().where(attempts.c.rollout_id == rollout_id, attempts.c.attempt_id == attempt_id)
+        # One statement for the rollout, its attempt and its snapshot: the LLM proxy asks this on every call.
+        query = (
+            sa.select(has_attempt.label("has_attempt"), *resources.c)
+            .select_from(rollouts.outerjoin(resources, resources.c.resources_id == rollouts.c.resources_id))
+            .where(rollouts.c.rollout_id == rollout_id)
+        )
+        async with self._read() as conn:
+            row = (await conn.execute(query)).mappings().first()
+            if row is None:
+                raise NotFoundError(f"rollout {rollout_id!r} not found", field="rollout_id")
+            if not row["has_attempt"]:
+                raise NotFoundError(f"attempt {attempt_id!r} of rollout {rollout_id!r} not found", field="attempt_id")
+            if row["resources_id"] is not None:
+                return resources_from_row(row)
+            latest = (await conn.execute(_LATEST)).mappings().first()
+        return None if latest is None else resources_from_row(latest)
+
     async def get_latest_resources(self) -> ResourcesUpdate | None:
         async with self._read() as conn:
-            row = (
-                (
-                    await conn.execute(
-                        sa.select(resources).order_by(resources.c.update_time.desc(), resources.c.pk.desc()).limit(1)
-                    )
-                )
-                .mappings()
-                .first()
-            )
+            row = (await conn.execute(_LATEST)).mappings().first()
         return None if row is None else resources_from_row(row)
 
     async def query_resources(

@@ -7,6 +7,7 @@ import asyncio
 import itertools
 from typing import Any
 
+import httpx
 import pytest
 
 from lightning_store.models import Rollout, RolloutConfig
@@ -151,6 +152,19 @@ async def test_a_worker_runs_up_to_concurrency_attempts_at_once(served: tuple[Sq
     assert most_at_once(attempts) == 4  # one worker process, four attempts overlapping, never more
     [worker] = await store.query_workers()
     assert worker.heartbeat_stats is not None and worker.heartbeat_stats["succeeded"] == 8
+    # Attempts that end together are reported together: fewer status requests than attempts.
+    assert 1 <= await requests_to(url, "/v1/agl/attempts/end") < 8
+
+
+async def requests_to(url: str, route: str) -> float:
+    """How many requests ``store serve`` at ``url`` has answered on ``route``, from its ``/metrics``."""
+    async with httpx.AsyncClient() as client:
+        metrics = (await client.get(f"{url}/metrics")).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("lightning_store_http_requests_total{") and f'route="{route}"' in line
+    )
 
 
 @pytest.mark.parametrize(

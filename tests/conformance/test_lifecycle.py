@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from lightning_store import ConflictError, RolloutConfig
+from lightning_store import AttemptEnd, ConflictError, InvalidRequestError, NotFoundError, RolloutConfig
 from lightning_store.contract import LightningStore
 from lightning_store.models import AttemptStatus
 from lightning_store.spans import Span
@@ -225,3 +225,64 @@ async def test_conditional_update_of_a_superseded_attempt_conflicts(store: Light
     attempts = (await store.query_attempts(rollout.rollout_id)).items
     assert [a.status for a in attempts] == ["unresponsive", "preparing"]
     assert attempts[0].last_heartbeat_time == first.attempt.last_heartbeat_time
+
+
+async def test_ending_attempts_together_applies_each_as_a_conditional_update(store: LightningStore) -> None:
+    config = RolloutConfig(max_attempts=2, retry_condition=["failed"])
+    for i in range(4):
+        await store.enqueue_rollout(i, config=config)
+    claimed = await store.dequeue_many_rollouts(limit=4)
+    done, retried, late, released = claimed
+    await store.update_attempt(late.rollout_id, late.attempt.attempt_id, status="timeout")  # the watchdog was first
+
+    ended = await store.end_attempts(
+        [
+            AttemptEnd(rollout_id=done.rollout_id, attempt_id=done.attempt.attempt_id, status="succeeded"),
+            AttemptEnd(rollout_id=retried.rollout_id, attempt_id=retried.attempt.attempt_id, status="failed"),
+            AttemptEnd(rollout_id=late.rollout_id, attempt_id=late.attempt.attempt_id, status="succeeded"),
+            AttemptEnd(
+                rollout_id=released.rollout_id,
+                attempt_id=released.attempt.attempt_id,
+                status="failed",
+                metadata={"released": "worker stopped"},
+            ),
+        ]
+    )
+
+    assert [a.status if a else None for a in ended] == ["succeeded", "failed", None, "failed"]
+    assert ended[3] is not None and ended[3].metadata == {"released": "worker stopped"}
+    statuses = {r.rollout_id: r.status for r in await store.wait_for_rollouts(rollout_ids=[done.rollout_id], timeout=0)}
+    assert statuses == {done.rollout_id: "succeeded"}
+    rollouts = {r.rollout_id: r for r in (await store.query_rollouts()).items}
+    assert rollouts[retried.rollout_id].status == "requeuing"  # the retry policy decided, as for one update
+    late_attempt = await store.get_latest_attempt(late.rollout_id)
+    assert late_attempt is not None and late_attempt.status == "timeout" and late_attempt.metadata is None
+    assert await store.end_attempts([]) == []
+
+
+@pytest.mark.parametrize(
+    ("entry", "field"),
+    [
+        ({"status": "running"}, "ends.1.status"),
+        ({"status": "succeeded", "attempt_id": ""}, "ends.1.attempt_id"),
+        ({"status": "succeeded", "extra": 1}, "ends.1.extra"),
+        ({"status": "succeeded", "attempt_id": "at-missing"}, "ends.1.attempt_id"),
+        ({"status": "succeeded", "rollout_id": "ro-missing"}, "ends.1.rollout_id"),
+    ],
+)
+async def test_a_bad_entry_refuses_the_whole_batch_naming_it(
+    store: LightningStore, entry: dict[str, object], field: str
+) -> None:
+    for i in range(2):
+        await store.enqueue_rollout(i)
+    first, second = await store.dequeue_many_rollouts(limit=2)
+    good = {"rollout_id": first.rollout_id, "attempt_id": first.attempt.attempt_id, "status": "succeeded"}
+    bad = {"rollout_id": second.rollout_id, "attempt_id": second.attempt.attempt_id, **entry}
+
+    with pytest.raises((InvalidRequestError, NotFoundError)) as raised:
+        await store.end_attempts([good, bad])  # type: ignore[list-item]
+
+    assert raised.value.field == field
+    for claimed in (first, second):  # nothing written, not even the good entry
+        attempt = await store.get_latest_attempt(claimed.rollout_id)
+        assert attempt is not None and attempt.status == "preparing"

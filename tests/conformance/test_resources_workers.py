@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from lightning_store.contract import LightningStore
-from lightning_store.errors import InvalidRequestError
+from lightning_store.errors import InvalidRequestError, NotFoundError
 from lightning_store.models import AttemptStatus, EnqueueRolloutRequest, WorkerStatus
 from lightning_store.resources import LLM, NamedResources, PromptTemplate, ProxyLLM
 from tests.conftest import StoreFactory
@@ -234,6 +234,44 @@ async def test_enqueue_without_resources_id_gets_the_latest(store: LightningStor
         second.resources_id,
         first.resources_id,
     ]
+
+
+async def test_an_attempt_runs_with_its_rollouts_snapshot_at_its_current_version(store: LightningStore) -> None:
+    await store.update_resources("policy", llm("v1"))
+    other = await store.add_resources(llm("other"))  # the latest, but not this rollout's
+    rollout = await store.start_rollout({"q": 1}, resources_id="policy")
+    await store.update_resources("policy", llm("v2"))
+
+    found = await store.get_attempt_resources(rollout.rollout_id, rollout.attempt.attempt_id)
+
+    assert found is not None
+    assert (found.resources_id, found.version, found.resources) == ("policy", 2, llm("v2"))
+    assert other.resources_id != found.resources_id
+
+
+async def test_an_attempt_without_a_stored_snapshot_runs_with_the_latest(store: LightningStore) -> None:
+    rollout = await store.start_rollout({"q": 1}, resources_id="not-written-yet")
+    assert await store.get_attempt_resources(rollout.rollout_id, rollout.attempt.attempt_id) is None
+
+    latest = await store.add_resources(llm("latest"))
+
+    assert await store.get_attempt_resources(rollout.rollout_id, rollout.attempt.attempt_id) == latest
+
+
+async def test_attempt_resources_of_an_unknown_rollout_or_attempt_is_not_found(store: LightningStore) -> None:
+    first = await store.start_rollout({"q": 1})
+    second = await store.start_rollout({"q": 2})
+    retried = await store.start_attempt(first.rollout_id)
+
+    with pytest.raises(NotFoundError) as error:
+        await store.get_attempt_resources("ro-missing", first.attempt.attempt_id)
+    assert error.value.field == "rollout_id"
+    with pytest.raises(NotFoundError) as error:
+        await store.get_attempt_resources(first.rollout_id, second.attempt.attempt_id)  # another rollout's
+    assert error.value.field == "attempt_id"
+    # Every attempt of the rollout counts, not only its latest.
+    assert await store.get_attempt_resources(first.rollout_id, first.attempt.attempt_id) is None
+    assert await store.get_attempt_resources(first.rollout_id, retried.attempt.attempt_id) is None
 
 
 # Workers -------------------------------------------------------------------------------------------------

@@ -151,6 +151,34 @@ async def test_spans_of_an_unknown_attempt_are_counted_and_do_not_sink_the_other
     await tracer.shutdown()
 
 
+async def test_flushes_called_together_share_runs_and_each_sees_its_spans_written(
+    store: LightningStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tracer = Tracer(store, schedule_delay=30)  # nothing is written but by a flush
+    runs = 0
+    force_flush = tracer._processor.force_flush
+
+    def counted(timeout_millis: int = 30000) -> bool:
+        nonlocal runs
+        runs += 1
+        return force_flush(timeout_millis)
+
+    monkeypatch.setattr(tracer._processor, "force_flush", counted)
+    rollouts = [await store.start_rollout({"q": i}) for i in range(24)]
+
+    async def attempt(rollout: AttemptedRollout, delay: float) -> None:
+        await asyncio.sleep(delay)
+        with tracer.attempt(rollout.rollout_id, rollout.attempt.attempt_id):
+            emit_message(f"done {rollout.rollout_id}")
+        assert await tracer.flush()
+        assert [s.name for s in await spans_of(store, rollout)] == ["agentlightning.message"]
+
+    # Two waves: the second ends its spans while the first wave's flush runs, so it needs a run of its own.
+    await asyncio.gather(*(attempt(r, 0.0 if i < 12 else 0.002) for i, r in enumerate(rollouts)))
+    assert 1 <= runs <= 3, runs  # one flush per call would be 24 runs
+    await tracer.shutdown()
+
+
 def test_reward_arguments_are_checked(backend: str) -> None:
     with pytest.raises(ValueError, match="primary"):
         emit_reward({"a": 1.0, "b": 2.0})
