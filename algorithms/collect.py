@@ -93,18 +93,15 @@ async def wait_all(store: LightningStore, rollout_ids: Sequence[str], *, timeout
 
 
 async def take_finished(store: LightningStore, in_flight: list[str], wanted: int) -> list[str]:
-    """Asynchronous mode: wait until at least ``wanted`` of ``in_flight`` are terminal and return those (all
-    that are terminal, in enqueue order); they are removed from ``in_flight``. The store wakes the wait only
-    when all are terminal, so a partial batch is checked once a second."""
-    timeout = 0.0
-    while True:
-        done = await store.wait_for_rollouts(rollout_ids=list(in_flight), timeout=timeout)
-        if len(done) >= wanted or len(done) == len(in_flight):
-            finished = {r.rollout_id for r in done}
-            taken = [r for r in in_flight if r in finished]
-            in_flight[:] = [r for r in in_flight if r not in finished]
-            return taken
-        timeout = 1.0
+    """Asynchronous mode: wait until the oldest ``wanted`` of ``in_flight`` (enqueue order) are terminal, woken
+    by the store as :func:`wait_all` is, and return every one of ``in_flight`` that is terminal by then, in
+    enqueue order; they are removed from ``in_flight``. The queue is first in, first out, so the oldest are the
+    first to finish, and a batch's groups come back whole."""
+    await wait_all(store, in_flight[:wanted])
+    finished = {r.rollout_id for r in await store.wait_for_rollouts(rollout_ids=list(in_flight), timeout=0)}
+    taken = [r for r in in_flight if r in finished]
+    in_flight[:] = [r for r in in_flight if r not in finished]
+    return taken
 
 
 async def evaluate(

@@ -24,6 +24,9 @@ from algorithms.optimization import LocalOptimization, Optimization
 from algorithms.pg_core import policy_loss, token_entropy_sum, value_loss
 from algorithms.policy import Forward, TokenBatch, TrainablePolicy, token_batch
 
+NO_GRAD_BATCHES = 4
+"""Micro-batches per forward pass when measuring (no gradients, so no stored activations)."""
+
 
 @dataclass
 class Rollouts:
@@ -99,7 +102,9 @@ def measure(
     width = max(len(t.response_ids) for t in transitions)
     own_pass = old_logprobs or (with_values and policy.value_head is not None)
     olds, refs, values, masks = [], [], [], []
-    for chunk in _chunks(range(len(transitions)), micro_batch_size):
+    # Passes without gradients keep no activations: they take several micro-batches at once (on a small model
+    # each forward pass costs mostly its fixed overhead).
+    for chunk in _chunks(range(len(transitions)), micro_batch_size * NO_GRAD_BATCHES):
         batch = _batch(policy, transitions, chunk)
         masks += list(batch.response_mask)
         if own_pass:
