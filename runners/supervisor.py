@@ -196,7 +196,10 @@ class Runner:
                 slot.process.join()
                 self._drain(slot)
                 await self._settle_hung(store, slot)
-                self._restart(slot)
+                if self._stopping:
+                    slot.finished = True  # a stopping runner starts no fresh worker (stop() has signalled its own)
+                else:
+                    self._restart(slot)
             return
         slot.process.join()
         self._drain(slot)

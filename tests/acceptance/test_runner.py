@@ -82,8 +82,12 @@ async def test_a_fault_ends_the_attempt_with_its_status_and_the_retry_succeeds(
         first = (await store.query_attempts(faulty.rollout_id, sort_by="sequence_id"))[0]
         spans = await store.query_spans(faulty.rollout_id, first.attempt_id)
         assert any(s.name == "agentlightning.exception" for s in spans)
-    if fault in ("block_loop", "sigkill", "hang"):
+    if fault in ("sigkill", "hang"):
         assert summary.worker_restarts >= 1
+    if fault == "block_loop":
+        # The watchdog times the attempt out first and the other worker runs the retry; the blocked worker is
+        # killed at its deadline, after the runner was told to stop, so it is not replaced (see below).
+        assert summary.timeout == 1
 
 
 async def test_without_retries_a_failure_fails_the_rollout(served: tuple[SqlStore, str]) -> None:
@@ -136,6 +140,25 @@ def most_at_once(attempts: list[Any]) -> int:
     """The largest number of these attempts that were running at the same moment."""
     edges = sorted([(a.start_time, 1) for a in attempts] + [(a.end_time, -1) for a in attempts])
     return max(itertools.accumulate(step for _, step in edges))
+
+
+async def test_a_worker_killed_while_the_runner_stops_is_not_replaced(served: tuple[SqlStore, str]) -> None:
+    store, url = served
+    blocked = await store.enqueue_rollout({"i": 0, "fault": "block_loop"}, config=RolloutConfig(timeout_seconds=2))
+    runner = Runner("tests.agents:faulty", url, workers=1, kill_after=1, poll_timeout=1, progress=False)
+    running = asyncio.create_task(runner.run())
+    for _ in range(600):  # until the worker has claimed it (a minute at most)
+        if await attempts_of(store, blocked.rollout_id):
+            break
+        await asyncio.sleep(0.1)
+
+    # The worker's loop is blocked, so it cannot act on the stop; the supervisor kills it at its deadline.
+    runner.stop()
+    summary = await asyncio.wait_for(running, 60)
+
+    assert summary.worker_restarts == 0  # a replacement would have been started after the stop, and never told
+    assert summary.timeout == 1
+    assert await attempts_of(store, blocked.rollout_id) == ["timeout"]
 
 
 @pytest.mark.parametrize("agent", ["tests.agents:faulty", "tests.agents:faulty_sync"])
