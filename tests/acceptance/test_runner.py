@@ -82,11 +82,13 @@ async def test_a_fault_ends_the_attempt_with_its_status_and_the_retry_succeeds(
         first = (await store.query_attempts(faulty.rollout_id, sort_by="sequence_id"))[0]
         spans = await store.query_spans(faulty.rollout_id, first.attempt_id)
         assert any(s.name == "agentlightning.exception" for s in spans)
-    if fault in ("sigkill", "hang"):
-        assert summary.worker_restarts >= 1
+    if fault == "sigkill":
+        assert summary.worker_restarts >= 1  # the death is seen, and the worker replaced, before the retry can run
     if fault == "block_loop":
-        # The watchdog times the attempt out first and the other worker runs the retry; the blocked worker is
-        # killed at its deadline, after the runner was told to stop, so it is not replaced (see below).
+        # The watchdog times the attempt out at 3 s and the other worker may run the retry before the blocked one
+        # is killed (at 5 s); whether the runner is stopping by then is a race, and a stopping runner replaces
+        # no worker (see below), but the kill is counted either way. (A hung sync agent's worker exits by itself,
+        # and a stopping runner releases its attempt: the store's statuses above are the whole check.)
         assert summary.timeout == 1
 
 
