@@ -30,7 +30,7 @@ QUEUED_ROLLOUT_STATUSES: tuple[RolloutStatus, ...] = ("queuing", "requeuing")
 ACTIVE_ROLLOUT_STATUSES: tuple[RolloutStatus, ...] = ("preparing", "running")
 """Rollouts the watchdog inspects: claimed by a worker and not finished."""
 TERMINAL_ROLLOUT_STATUSES: tuple[RolloutStatus, ...] = ("succeeded", "failed", "cancelled")
-ENDED_ATTEMPT_STATUSES: tuple[AttemptStatus, ...] = ("succeeded", "failed", "timeout")
+ENDED_ATTEMPT_STATUSES: tuple[AttemptStatus, ...] = get_args(EndedAttemptStatus)
 """Attempt statuses that stamp ``end_time``; an ``unresponsive`` attempt may still come back."""
 ACTIVE_ATTEMPT_STATUSES: tuple[AttemptStatus, ...] = ("preparing", "running", "unresponsive")
 """An attempt in one of these may still report: it has not ended."""

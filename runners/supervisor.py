@@ -196,10 +196,7 @@ class Runner:
                 slot.process.join()
                 self._drain(slot)
                 await self._settle_hung(store, slot)
-                if self._stopping:
-                    slot.finished = True  # a stopping runner starts no fresh worker (stop() has signalled its own)
-                else:
-                    self._restart(slot)
+                self._restart(slot)
             return
         slot.process.join()
         self._drain(slot)
@@ -213,12 +210,17 @@ class Runner:
             else:
                 for attempt in list(slot.attempts.values()):
                     await self._settle(store, slot, attempt, "failed")
-        if self._stopping or code == 0:
+        if code == 0:
             slot.finished = True  # stopped, or idle long enough (idle_exit)
             return
         self._restart(slot)
 
     def _restart(self, slot: Slot) -> None:
+        """Start a fresh worker in the slot of one that ended; a stopping runner starts none (a worker spawned
+        after :meth:`stop` would never be told to stop)."""
+        if self._stopping:
+            slot.finished = True
+            return
         quick = slot.claims == 0 and time.monotonic() - slot.started_at < CRASH_LOOP_SECONDS
         slot.quick_deaths = slot.quick_deaths + 1 if quick else 0
         if slot.quick_deaths >= CRASH_LOOP_LIMIT:
