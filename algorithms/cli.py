@@ -7,7 +7,6 @@ policy server and the trainer in this process. Metrics go into the store and ont
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import importlib.util
 import json
@@ -24,6 +23,7 @@ from rich.table import Table
 from algorithms.base import load_algorithm, registered
 from algorithms.local_stack import ProcessFailed, embedded_store, runners
 from algorithms.session import ServedPolicy
+from lightning_store import aio
 from lightning_store.settings import (
     PolicyServerSettings,
     TrainerSettings,
@@ -152,7 +152,7 @@ def train(
             raise typer.Exit(code=1) from None
         stack.enter_context(runners(agent, url, workers=workers, concurrency=concurrency, log=output / "runner.log"))
         served = stack.enter_context(_policy(serving, model, output))
-        summary = asyncio.run(_train(instance, url, tasks, val_tasks, model, output, steps, resume, served, training))
+        summary = aio.run(_train(instance, url, tasks, val_tasks, model, output, steps, resume, served, training))
     console.print_json(json.dumps(summary["history"][-1] if summary["history"] else {}))
 
 

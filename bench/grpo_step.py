@@ -21,7 +21,6 @@ the store, the proxy, the runners, the adapter and publishing the new weights.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import statistics
 import tempfile
@@ -35,6 +34,7 @@ from algorithms.serving.local import LocalPolicy
 from algorithms.session import TrainingSession
 from examples.flight.agent import SYSTEM, choose_tool
 from examples.flight.model import QUESTIONS, build_tool_namer
+from lightning_store import aio
 
 WARMUP_STEPS = 1  # the first step of either side pays for one-off work (allocations, lazy imports)
 
@@ -182,7 +182,7 @@ def main() -> None:
         work = Path(tmp)
         model = args.model or build_tool_namer(work / "model")
         print(f"model {model.name}, {args.prompts}×{args.group} completions of ≤{args.max_tokens} tokens per step")
-        mine = asyncio.run(ours(model, args, work))
+        mine = aio.run(ours(model, args, work))
         theirs = trl(model, args, work)
     middleware = mine["store_proxy_runners"] + mine["adapt"] + mine["publish"]
     print(f"{'':>22} {'s/step':>8} {'tokens':>8} {'reward':>7}")

@@ -349,10 +349,12 @@ class HttpStore:
         added = await self.add_many_spans([span])
         return added[0] if added else None
 
-    async def add_many_spans(self, spans: Sequence[Span]) -> Sequence[Span]:
+    async def add_many_spans(self, spans: Sequence[Span], *, allocate_sequence_ids: bool = False) -> Sequence[Span]:
         if not spans:
             return []
-        body = {"spans": [s.model_dump(mode="json") if isinstance(s, Span) else s for s in spans]}
+        body: dict[str, Any] = {"spans": [s.model_dump(mode="json") if isinstance(s, Span) else s for s in spans]}
+        if allocate_sequence_ids:
+            body["allocate_sequence_ids"] = True
         data = await self._call("POST", "/v1/agl/spans/batch", json=body, idempotent=True)
         return [Span.model_validate(item) for item in data["spans"]]
 

@@ -211,8 +211,13 @@ class LightningStore(Protocol):
         """Store one span; ``None`` when it is a duplicate. A span is a heartbeat of its attempt."""
         ...
 
-    async def add_many_spans(self, spans: Sequence[Span]) -> Sequence[Span]:
-        """Store spans in one batch, ignoring duplicates; returns those that were new."""
+    async def add_many_spans(self, spans: Sequence[Span], *, allocate_sequence_ids: bool = False) -> Sequence[Span]:
+        """Store spans in one batch, ignoring duplicates; returns those that were new.
+
+        With ``allocate_sequence_ids`` (an addition), each span's own ``sequence_id`` is ignored: it gets the next
+        value of its rollout's counter, in the order given, in the same transaction as the write, and the spans
+        returned carry those values. One call where :meth:`get_many_span_sequence_ids` then ``add_many_spans``
+        would take two (a span writer's flush is one request)."""
         ...
 
     async def add_otel_span(

@@ -3,13 +3,13 @@ point group, so the core CLI does not import the runners)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from typing import Annotated
 
 import typer
 
+from lightning_store import aio
 from runners.progress import configure_logging
 from runners.supervisor import Runner
 
@@ -58,5 +58,5 @@ def run(
         heartbeat_interval=heartbeat,
         progress=progress,
     )
-    summary = asyncio.run(runner.run())
+    summary = aio.run(runner.run())
     typer.echo(json.dumps({"summary": summary.statuses, "worker_restarts": summary.worker_restarts}))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from lightning_store import aio
 from lightning_store.connect import connect, is_server_url
 from runners.agent import load_agent
 from runners.attempts import release
@@ -54,7 +55,7 @@ def worker_main(config: WorkerConfig, conn: Connection) -> None:
     if config.cwd_on_path and config.cwd_on_path not in sys.path:
         sys.path.insert(0, config.cwd_on_path)  # agents given as module:name from the runner's directory
     try:
-        asyncio.run(_serve(config, conn))
+        aio.run(_serve(config, conn))
     except AgentHung as hung:
         logger.error("%s; exiting so that the runner starts a fresh worker", hung)
         _send(conn, {"event": "hung", "attempt_id": hung.attempt_id})  # the others it held were not at fault

@@ -2,7 +2,7 @@
 
 The batching processor calls ``export`` from its own thread, while the store is async and bound to the event
 loop it was opened in; each batch is therefore run on that loop and waited for. Works with any store: the SQL
-store in process, or ``HttpStore`` (one ``/spans/next/batch`` and one ``/spans/batch`` request per batch).
+store in process, or ``HttpStore`` (one ``/spans/batch`` request per batch).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ class StoreSpanExporter(SpanExporter):
     """Writes spans stamped with rollout and attempt ids; spans without them are skipped.
 
     Sequence ids come from the span's ``agentlightning.span_sequence_id`` attribute when set, else from the
-    rollout's counter in the store, in the order the spans ended. A batch naming an attempt the store does not
-    know is written attempt by attempt so that the others still land; spans that could not be written are
-    counted per attempt (:meth:`take_failures`).
+    rollout's counter in the store, in the order the spans ended (allocated by the write itself: one request per
+    batch). A batch naming an attempt the store does not know is written attempt by attempt so that the others
+    still land; spans that could not be written are counted per attempt (:meth:`take_failures`).
     """
 
     def __init__(self, store: LightningStore, loop: asyncio.AbstractEventLoop, *, timeout: float = 60.0) -> None:
@@ -70,30 +70,27 @@ class StoreSpanExporter(SpanExporter):
 
     async def _write(self, batch: list[ReadableSpan]) -> None:
         try:
-            await self._store.add_many_spans(await self._convert(batch))
+            await self._add(batch)
         except NotFoundError:
             groups: defaultdict[str, list[ReadableSpan]] = defaultdict(list)
             for span in batch:
                 groups[_ids(span)[1]].append(span)
             for group in groups.values():
                 try:
-                    await self._store.add_many_spans(await self._convert(group))
+                    await self._add(group)
                 except NotFoundError:
                     logger.warning("dropped %d spans of unknown attempt %s", len(group), _ids(group[0])[1])
                     self._count_failed(group)
 
-    async def _convert(self, batch: list[ReadableSpan]) -> list[Span]:
-        missing = [i for i, span in enumerate(batch) if _sequence_id(span) is None]
-        allocated = dict(
-            zip(missing, await self._store.get_many_span_sequence_ids([_ids(batch[i]) for i in missing]), strict=True)
-        )
-        converted = []
-        for i, span in enumerate(batch):
-            rollout_id, attempt_id = _ids(span)
-            sequence_id = allocated[i] if i in allocated else _sequence_id(span)
-            assert sequence_id is not None
-            converted.append(Span.from_opentelemetry(span, rollout_id, attempt_id, sequence_id))
-        return converted
+    async def _add(self, batch: list[ReadableSpan]) -> None:
+        """One write for the spans that carry their own sequence ids, one (allocating them) for the others."""
+        numbers = [(span, _sequence_id(span)) for span in batch]
+        numbered = [_converted(span, n) for span, n in numbers if n is not None]
+        unnumbered = [_converted(span, 0) for span, n in numbers if n is None]
+        if numbered:
+            await self._store.add_many_spans(numbered)
+        if unnumbered:
+            await self._store.add_many_spans(unnumbered, allocate_sequence_ids=True)
 
     def _count_failed(self, spans: Sequence[ReadableSpan]) -> None:
         with self._lock:
@@ -103,6 +100,11 @@ class StoreSpanExporter(SpanExporter):
 def _ids(span: ReadableSpan) -> tuple[str, str]:
     attributes = span.attributes or {}
     return str(attributes[semconv.ROLLOUT_ID]), str(attributes[semconv.ATTEMPT_ID])
+
+
+def _converted(span: ReadableSpan, sequence_id: int) -> Span:
+    rollout_id, attempt_id = _ids(span)
+    return Span.from_opentelemetry(span, rollout_id, attempt_id, sequence_id)
 
 
 def _sequence_id(span: ReadableSpan) -> int | None:

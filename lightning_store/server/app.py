@@ -13,7 +13,6 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -45,8 +44,8 @@ def create_app(settings: ServerSettings, store: LightningStore | None = None) ->
                 app.state.store = opened
             else:
                 app.state.store = store
-            app.state.upstream_http = httpx.AsyncClient(timeout=httpx.Timeout(settings.upstream_timeout, connect=10))
-            stack.push_async_callback(app.state.upstream_http.aclose)
+            app.state.upstream_http = proxy.upstream_client(settings.upstream_timeout)
+            stack.push_async_callback(app.state.upstream_http.close)
             app.state.recorder = CallRecorder(app.state.store)
             # Last in, first out: LLM-call records still queued are written before the store closes.
             stack.push_async_callback(app.state.recorder.close)

@@ -38,13 +38,14 @@ async def export_traces(request: Request, store: Store) -> Response:
     export = _parse(body, as_json)
     spans, rejected = _spans(export)
     missing = [i for i, span in enumerate(spans) if span["sequence_id"] is None]
-    if missing:
+    if spans and len(missing) == len(spans):  # the usual case: the store numbers them as it writes them
+        await store.add_many_spans(spans, allocate_sequence_ids=True)  # type: ignore[arg-type]  # validated there
+    elif spans:
         numbers = await store.get_many_span_sequence_ids(
             [(spans[i]["rollout_id"], spans[i]["attempt_id"]) for i in missing]
         )
         for i, number in zip(missing, numbers, strict=True):
             spans[i]["sequence_id"] = number
-    if spans:
         await store.add_many_spans(spans)  # type: ignore[arg-type]  # validated by the store
     answer = ExportTraceServiceResponse()
     if rejected:

@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
+import aiohttp
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -34,6 +34,8 @@ from lightning_store.spans import Span
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
+UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError)
+"""What a failed upstream call raises (aiohttp's own errors, and its timeouts)."""
 SAMPLING_KEYS = (
     "temperature",
     "top_p",
@@ -92,26 +94,42 @@ async def _proxy(
         )
     upstream_body = _with_token_ids(body, kind, llm)
     call = _Call(request.app.state.recorder, rollout_id, attempt_id, kind, body, resources)
-    http: httpx.AsyncClient = request.app.state.upstream_http
+    http: aiohttp.ClientSession = request.app.state.upstream_http
     url = f"{llm.endpoint.rstrip('/')}/{kind}"
     headers = {"Authorization": f"Bearer {llm.api_key}"} if llm.api_key else {}
     if body.get("stream"):
         return await _stream(http, url, upstream_body, headers, call)
     try:
-        upstream = await http.post(url, json=upstream_body, headers=headers)
-    except httpx.HTTPError as exc:
-        call.record_error(502, str(exc))
-        return JSONResponse({"detail": f"upstream unreachable: {exc}", "error_type": "UpstreamError"}, status_code=502)
-    if upstream.status_code >= 400:
-        call.record_error(upstream.status_code, upstream.text)
-        return Response(
-            upstream.content,
-            status_code=upstream.status_code,
-            media_type=upstream.headers.get("content-type", "application/json"),
-        )
-    data = upstream.json()
+        async with http.post(url, json=upstream_body, headers=headers) as upstream:
+            status, content = upstream.status, await upstream.read()
+            content_type = upstream.headers.get("content-type", "application/json")
+    except UPSTREAM_ERRORS as exc:
+        return _unreachable(call, exc)
+    if status >= 400:
+        call.record_error(status, content.decode(errors="replace"))
+        return Response(content, status_code=status, media_type=content_type)
+    try:
+        data = json.loads(content)
+    except ValueError:
+        call.record_error(502, f"not JSON: {content[:200].decode(errors='replace')}")
+        return JSONResponse({"detail": "the upstream's answer is not JSON", "error_type": "UpstreamError"}, 502)
     call.record(data)
     return JSONResponse(data)
+
+
+def upstream_client(timeout: float) -> aiohttp.ClientSession:
+    """The proxy's HTTP client for upstreams: ``timeout`` seconds at most between two reads of an answer.
+
+    aiohttp rather than httpx here: forwarding a call cost httpx about 3 ms of CPU with 32 calls in flight
+    (its connection pool checks every idle connection on each request) and aiohttp 0.2 ms (docs/benchmarks.md).
+    """
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout))
+
+
+def _unreachable(call: _Call, exc: BaseException) -> Response:
+    reason = str(exc) or type(exc).__name__
+    call.record_error(502, reason)
+    return JSONResponse({"detail": f"upstream unreachable: {reason}", "error_type": "UpstreamError"}, status_code=502)
 
 
 def _upstream_llm(resources: ResourcesUpdate | None, configured: str | None) -> LLM | None:
@@ -139,32 +157,39 @@ def _with_token_ids(body: dict[str, Any], kind: str, llm: LLM) -> dict[str, Any]
 
 
 async def _stream(
-    http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str], call: _Call
+    http: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str], call: _Call
 ) -> Response:
-    request = http.build_request("POST", url, json=body, headers=headers)
     try:
-        upstream = await http.send(request, stream=True)
-    except httpx.HTTPError as exc:
-        call.record_error(502, str(exc))
-        return JSONResponse({"detail": f"upstream unreachable: {exc}", "error_type": "UpstreamError"}, status_code=502)
-    if upstream.status_code >= 400:
-        content = await upstream.aread()
-        await upstream.aclose()
-        call.record_error(upstream.status_code, content.decode(errors="replace"))
+        upstream = await http.post(url, json=body, headers=headers)
+    except UPSTREAM_ERRORS as exc:
+        return _unreachable(call, exc)
+    if upstream.status >= 400:
+        try:
+            content = await upstream.read()
+        except UPSTREAM_ERRORS as exc:
+            return _unreachable(call, exc)
+        finally:
+            upstream.release()
+        call.record_error(upstream.status, content.decode(errors="replace"))
         return Response(
-            content,
-            status_code=upstream.status_code,
-            media_type=upstream.headers.get("content-type", "application/json"),
+            content, status_code=upstream.status, media_type=upstream.headers.get("content-type", "application/json")
         )
 
     async def relay() -> AsyncIterator[bytes]:
-        assembled = _Assembler()
+        assembled, pending = _Assembler(), b""
         try:
-            async for line in upstream.aiter_lines():
-                assembled.feed(line)
-                yield (line + "\n").encode()
+            async for chunk in upstream.content.iter_any():
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    assembled.feed(line.decode(errors="replace").rstrip("\r"))
+                    yield line + b"\n"
+            if pending:
+                assembled.feed(pending.decode(errors="replace").rstrip("\r"))
+                yield pending + b"\n"
+        except UPSTREAM_ERRORS as exc:  # the upstream broke off: the agent has what came, the record says so
+            logger.warning("upstream stream of %s broke off: %s", call.attempt_id, exc)
         finally:
-            await upstream.aclose()
+            upstream.release()
             call.record(assembled.response())
 
     return StreamingResponse(relay(), media_type="text/event-stream")

@@ -1,9 +1,9 @@
 """Writes the LLM proxy's call records in batches, after the answers have gone out.
 
-Each proxied call needs a span sequence id, a span and an :class:`~lightning_store.llm_calls.LlmCall`: three
+Each proxied call needs a span sequence id, a span and an :class:`~lightning_store.llm_calls.LlmCall`: two
 write transactions, and on SQLite every write waits for the one before it. With many attempts calling the LLM
 at once that made the proxy the store's busiest writer. The recorder queues the records and one task writes
-whatever has queued up: one sequence-id allocation, one span write and one LLM-call write per batch. There is no
+whatever has queued up: one span write (which allocates the sequence ids) and one LLM-call write per batch. There is no
 batching window: the first record is written at once, and the records that arrive while a batch is being
 written form the next one, so batches grow only when writes are the bottleneck.
 
@@ -84,10 +84,15 @@ class CallRecorder:
                     self._written.notify_all()
 
     async def _write(self, batch: Sequence[CallRecord]) -> None:
-        numbers = await self.store.get_many_span_sequence_ids([(r.rollout_id, r.attempt_id) for r in batch])
-        built = [record.build(number) for record, number in zip(batch, numbers, strict=True)]
-        await self.store.add_many_spans([span for span, _ in built])
-        calls = [call for _, call in built if call is not None]
+        built = [record.build(0) for record in batch]
+        added = await self.store.add_many_spans([span for span, _ in built], allocate_sequence_ids=True)
+        numbers = {(span.attempt_id, span.span_id): span.sequence_id for span in added}
+        # A call whose span was already stored (a duplicate) was recorded with it.
+        calls = [
+            call.model_copy(update={"sequence_id": numbers[key]})
+            for _, call in built
+            if call is not None and (key := (call.attempt_id, call.span_id)) in numbers
+        ]
         if calls:
             await self.store.add_llm_calls(calls)
 

@@ -12,7 +12,8 @@ from lightning_store.server import wire
 router = APIRouter(prefix="/v1/agl")
 
 
-def get_store(request: Request) -> LightningStore:
+async def get_store(request: Request) -> LightningStore:
+    # async on purpose: FastAPI runs a plain ``def`` dependency in its thread pool, a thread hop per request.
     store: LightningStore = request.app.state.store
     return store
 

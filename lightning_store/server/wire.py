@@ -142,6 +142,10 @@ class SearchSpansBody(PageBody):
 
 class SpansBody(Body):
     spans: list[dict[str, Any]] = Field(description="Spans as JSON objects; the store validates each one.")
+    allocate_sequence_ids: bool = Field(
+        default=False,
+        description="Give each span the next value of its rollout's span counter (its own sequence_id is ignored).",
+    )
 
 
 class NextSequenceBody(Body):

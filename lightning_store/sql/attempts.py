@@ -22,6 +22,7 @@ from lightning_store.models import (
     SortOrder,
 )
 from lightning_store.sql import transitions, validate
+from lightning_store.sql.attempt_ends import apply_ends
 from lightning_store.sql.base import SqlBase, Wakeups
 from lightning_store.sql.paging import fetch_page
 from lightning_store.sql.rows import attempt_from_row
@@ -109,29 +110,8 @@ class AttemptOps(SqlBase):
             raise InvalidRequestError(f"ends: at most {MAX_ENDS} per call; got {len(checked)}", field="ends")
         if not checked:
             return []
-        results: dict[int, Attempt | None] = {}
-        now = time.time()
         async with self._write() as (conn, wakeups):
-            # In rollout order: two writers locking the same rollouts (Postgres) take them in the same order.
-            for i in sorted(range(len(checked)), key=lambda i: (checked[i].rollout_id, i)):
-                end = checked[i]
-                try:
-                    results[i] = await self._update_in(
-                        conn,
-                        wakeups,
-                        end.rollout_id,
-                        end.attempt_id,
-                        status=end.status,
-                        metadata=UNSET if end.metadata is None else end.metadata,
-                        if_current=True,
-                        now=now,
-                    )
-                except ConflictError:
-                    results[i] = None  # the watchdog or a newer attempt decided first; nothing written for it
-                except NotFoundError as error:
-                    field = f"ends.{i}.{error.field}" if error.field else f"ends.{i}"
-                    raise NotFoundError(str(error), field=field) from None
-        return [results[i] for i in range(len(checked))]
+            return await apply_ends(conn, wakeups, self.dialect, checked, time.time())
 
     async def _update_in(
         self,

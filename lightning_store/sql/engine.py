@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from sqlalchemy import event
@@ -10,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
 from lightning_store.errors import InvalidRequestError
+from lightning_store.sql import sqlite_driver
 
 WRITE_OPTION = "lightning_store_write"
 """Execution option that marks a connection as a writer (``BEGIN IMMEDIATE`` on SQLite)."""
@@ -35,7 +37,8 @@ def is_memory_sqlite(url: URL) -> bool:
 
 
 def make_engine(url: str | URL, *, pool_size: int = 10) -> AsyncEngine:
-    """An async engine. SQLite gets WAL, enforced foreign keys, a busy timeout and explicit transactions."""
+    """An async engine. SQLite gets WAL, enforced foreign keys, a busy timeout, explicit transactions and
+    one trip to its connection's thread per statement (:mod:`lightning_store.sql.sqlite_driver`)."""
     parsed = normalize_url(url)
     if not is_sqlite(parsed):
         return create_async_engine(parsed, pool_size=pool_size, max_overflow=pool_size)
@@ -47,6 +50,9 @@ def make_engine(url: str | URL, *, pool_size: int = 10) -> AsyncEngine:
         # is a thread and four PRAGMAs per request once more than pool_size requests run at once. Waiting for a
         # pooled connection is cheaper (and SQLite gains nothing from more concurrent readers on a few cores).
         kwargs.update(pool_size=pool_size, max_overflow=0)
+    # The same connection arguments SQLAlchemy would give aiosqlite, to connections with one-trip statements.
+    args, connect_args = parsed.get_dialect()().create_connect_args(parsed)
+    kwargs["async_creator"] = functools.partial(sqlite_driver.connect, *args, **connect_args)
     engine = create_async_engine(parsed, **kwargs)
     _configure_sqlite(engine)
     return engine

@@ -21,6 +21,17 @@ from lightning_store.sql.schema import attempts, resources, rollouts
 RESOURCES_SORTABLE = ("resources_id", "create_time", "update_time", "version")
 _named_resources: TypeAdapter[NamedResources] = TypeAdapter(NamedResources)
 _LATEST = sa.select(resources).order_by(resources.c.update_time.desc(), resources.c.pk.desc()).limit(1)
+# One statement for the rollout, its attempt and its snapshot, built once: the LLM proxy asks it on every call.
+_ATTEMPT_RESOURCES = (
+    sa.select(
+        sa.exists()
+        .where(attempts.c.rollout_id == sa.bindparam("rollout_id"), attempts.c.attempt_id == sa.bindparam("attempt_id"))
+        .label("has_attempt"),
+        *resources.c,
+    )
+    .select_from(rollouts.outerjoin(resources, resources.c.resources_id == rollouts.c.resources_id))
+    .where(rollouts.c.rollout_id == sa.bindparam("rollout_id"))
+)
 
 
 def _checked(value: Any) -> dict[str, Any]:
@@ -75,15 +86,9 @@ class ResourceOps(SqlBase):
     async def get_attempt_resources(self, rollout_id: str, attempt_id: str) -> ResourcesUpdate | None:
         validate.non_empty_id(rollout_id, "rollout_id")
         validate.non_empty_id(attempt_id, "attempt_id")
-        has_attempt = sa.exists().where(attempts.c.rollout_id == rollout_id, attempts.c.attempt_id == attempt_id)
-        # One statement for the rollout, its attempt and its snapshot: the LLM proxy asks this on every call.
-        query = (
-            sa.select(has_attempt.label("has_attempt"), *resources.c)
-            .select_from(rollouts.outerjoin(resources, resources.c.resources_id == rollouts.c.resources_id))
-            .where(rollouts.c.rollout_id == rollout_id)
-        )
         async with self._read() as conn:
-            row = (await conn.execute(query)).mappings().first()
+            ids = {"rollout_id": rollout_id, "attempt_id": attempt_id}
+            row = (await conn.execute(_ATTEMPT_RESOURCES, ids)).mappings().first()
             if row is None:
                 raise NotFoundError(f"rollout {rollout_id!r} not found", field="rollout_id")
             if not row["has_attempt"]:

@@ -79,22 +79,54 @@ _HEARTBEAT_ROLLOUTS = (
 )
 
 
+def _unsequenced(span: Any, allocating: bool) -> Any:
+    """A span given as JSON may leave out (or null) the sequence id the store allocates for it."""
+    if allocating and isinstance(span, dict) and span.get("sequence_id") is None:
+        return {**span, "sequence_id": 0}
+    return span
+
+
+async def _take_sequence_ids(conn: AsyncConnection, rollout_ids: Sequence[str]) -> list[int]:
+    """The next value of each named rollout's span counter, in order (a rollout named twice gets two), taken in
+    one statement. The caller has locked the rollouts, in rollout order, so the update's row order cannot
+    deadlock on Postgres."""
+    wanted = Counter(rollout_ids)
+    # An atomic increment: concurrent callers each get their own range, never the same number.
+    taken = await conn.execute(
+        sa.update(rollouts)
+        .where(rollouts.c.rollout_id.in_(sorted(wanted)))
+        .values(last_span_seq=rollouts.c.last_span_seq + sa.case(wanted, value=rollouts.c.rollout_id))
+        .returning(rollouts.c.rollout_id, rollouts.c.last_span_seq)
+    )
+    next_free = {rollout_id: int(top) - wanted[rollout_id] + 1 for rollout_id, top in taken.all()}
+    numbers = []
+    for rollout_id in rollout_ids:
+        numbers.append(next_free[rollout_id])
+        next_free[rollout_id] += 1
+    return numbers
+
+
 class SpanOps(AttemptOps):
     async def add_span(self, span: Span) -> Span | None:
         added = await self.add_many_spans([span])
         return added[0] if added else None
 
-    async def add_many_spans(self, spans_: Sequence[Span]) -> Sequence[Span]:
+    async def add_many_spans(self, spans_: Sequence[Span], *, allocate_sequence_ids: bool = False) -> Sequence[Span]:
         batch = [
-            span if type(span) is Span else validate.model(Span, span, f"spans.{i}") for i, span in enumerate(spans_)
+            span
+            if type(span) is Span
+            else validate.model(Span, _unsequenced(span, allocate_sequence_ids), f"spans.{i}")
+            for i, span in enumerate(spans_)
         ]
         if not batch:
             return []
         now = time.time()
-        # One JSON document for the whole batch, serialized by pydantic's Rust core.
-        doc = _span_list.dump_json(batch).decode()
         async with self._write() as (conn, _):
             latest = await self._lock_attempts(conn, batch)
+            if allocate_sequence_ids:
+                batch = await self._sequenced(conn, batch)
+            # One JSON document for the whole batch, serialized by pydantic's Rust core.
+            doc = _span_list.dump_json(batch).decode()
             inserted = await conn.execute(self._insert_spans, {"doc": doc})
             new_keys = {tuple(row) for row in inserted.all()}
             await self._record_heartbeats(conn, batch, latest, now)
@@ -122,6 +154,12 @@ class SpanOps(AttemptOps):
             if owner.get(span.attempt_id) != span.rollout_id:
                 await self._raise_missing(conn, span, i)
         return {attempt_id: bool(latest) for attempt_id, _, latest in rows}
+
+    @staticmethod
+    async def _sequenced(conn: AsyncConnection, batch: list[Span]) -> list[Span]:
+        """``batch`` with sequence ids taken from the rollouts' counters, in order (the rollouts are locked)."""
+        numbers = await _take_sequence_ids(conn, [span.rollout_id for span in batch])
+        return [span.model_copy(update={"sequence_id": n}) for span, n in zip(batch, numbers, strict=True)]
 
     async def _raise_missing(self, conn: AsyncConnection, span: Span, index: int) -> None:
         found = await conn.execute(sa.select(rollouts.c.pk).where(rollouts.c.rollout_id == span.rollout_id))
@@ -161,37 +199,16 @@ class SpanOps(AttemptOps):
     async def get_many_span_sequence_ids(self, rollout_attempt_ids: Sequence[tuple[str, str]]) -> Sequence[int]:
         if not rollout_attempt_ids:
             return []
-        wanted = Counter(rollout_id for rollout_id, _ in rollout_attempt_ids)
         async with self._write() as (conn, _):
-            known = dict(
-                (
-                    await conn.execute(
-                        sa.select(attempts.c.attempt_id, attempts.c.rollout_id).where(
-                            attempts.c.attempt_id.in_({a for _, a in rollout_attempt_ids})
-                        )
-                    )
-                ).all()
-            )
+            # The same lock as a span write takes: the attempts' rollouts, in rollout order.
+            rows = await conn.execute(_LOCK_ATTEMPTS, {"attempt_ids": sorted({a for _, a in rollout_attempt_ids})})
+            owner = {attempt_id: rollout_id for attempt_id, rollout_id, _ in rows.all()}
             for i, (rollout_id, attempt_id) in enumerate(rollout_attempt_ids):
-                if known.get(attempt_id) != rollout_id:
+                if owner.get(attempt_id) != rollout_id:
                     raise NotFoundError(
                         f"attempt {attempt_id!r} of rollout {rollout_id!r} not found", field=f"{i}.attempt_id"
                     )
-            next_free: dict[str, int] = {}
-            for rollout_id in sorted(wanted):
-                # An atomic increment: concurrent callers each get their own range, never the same number.
-                top = await conn.execute(
-                    sa.update(rollouts)
-                    .where(rollouts.c.rollout_id == rollout_id)
-                    .values(last_span_seq=rollouts.c.last_span_seq + wanted[rollout_id])
-                    .returning(rollouts.c.last_span_seq)
-                )
-                next_free[rollout_id] = int(top.scalar_one()) - wanted[rollout_id] + 1
-        result = []
-        for rollout_id, _ in rollout_attempt_ids:
-            result.append(next_free[rollout_id])
-            next_free[rollout_id] += 1
-        return result
+            return await _take_sequence_ids(conn, [rollout_id for rollout_id, _ in rollout_attempt_ids])
 
     async def query_spans(
         self,

@@ -5,6 +5,7 @@ The rules themselves live in :mod:`lightning_store.lifecycle`; this module turns
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -87,10 +88,28 @@ def wake_for_status(wakeups: Wakeups, status: str) -> None:
 async def set_rollout_status(
     conn: AsyncConnection, wakeups: Wakeups, rollout_id: str, status: RolloutStatus, now: float
 ) -> None:
-    await conn.execute(
-        sa.update(rollouts).where(rollouts.c.rollout_id == rollout_id).values(rollout_status_values(status, now))
-    )
-    wake_for_status(wakeups, status)
+    await set_rollout_statuses(conn, wakeups, {rollout_id: status}, now)
+
+
+async def set_rollout_statuses(
+    conn: AsyncConnection, wakeups: Wakeups, statuses: dict[str, RolloutStatus], now: float
+) -> None:
+    """Set each rollout's status: one ``executemany`` per set of columns the statuses change (a terminal one
+    stamps ``end_time``, a queued one ``enqueue_time``)."""
+    shapes: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for rollout_id, status in sorted(statuses.items()):
+        values = rollout_status_values(status, now)
+        shapes.setdefault(tuple(values), []).append(
+            {"of_rollout": rollout_id} | {f"new_{k}": v for k, v in values.items()}
+        )
+        wake_for_status(wakeups, status)
+    for columns, params in shapes.items():
+        statement = (
+            sa.update(rollouts)
+            .where(rollouts.c.rollout_id == sa.bindparam("of_rollout"))
+            .values({column: sa.bindparam(f"new_{column}") for column in columns})
+        )
+        await conn.execute(statement, params)
 
 
 async def create_attempt(conn: AsyncConnection, rollout_id: str, worker_id: str | None, now: float) -> Attempt:
@@ -123,12 +142,23 @@ async def sync_worker(
     conn: AsyncConnection, dialect: str, attempt: Attempt, now: float, *, dequeued: bool = False
 ) -> None:
     """Make the attempt's worker (if any) reflect the attempt's status."""
-    if not attempt.worker_id:
-        return
-    values: dict[str, Any] = {"worker_id": attempt.worker_id, **lifecycle.worker_fields_for_attempt(attempt, now)}
-    if dequeued:
-        values["last_dequeue_time"] = now
-    await conn.execute(upsert_by_name(dialect, workers, ("worker_id",), tuple(values)), values)
+    await sync_workers(conn, dialect, [attempt], now, dequeued=dequeued)
+
+
+async def sync_workers(
+    conn: AsyncConnection, dialect: str, changed: Sequence[Attempt], now: float, *, dequeued: bool = False
+) -> None:
+    """:func:`sync_worker` for several attempts, one upsert ``executemany`` per set of columns; a worker named
+    by several attempts takes the last one's state."""
+    last = {attempt.worker_id: attempt for attempt in changed if attempt.worker_id}
+    shapes: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for worker_id, attempt in last.items():
+        values: dict[str, Any] = {"worker_id": worker_id, **lifecycle.worker_fields_for_attempt(attempt, now)}
+        if dequeued:
+            values["last_dequeue_time"] = now
+        shapes.setdefault(tuple(values), []).append(values)
+    for columns, params in shapes.items():
+        await conn.execute(upsert_by_name(dialect, workers, ("worker_id",), columns), params)
 
 
 async def set_attempt_status(

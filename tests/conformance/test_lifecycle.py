@@ -260,6 +260,35 @@ async def test_ending_attempts_together_applies_each_as_a_conditional_update(sto
     assert await store.end_attempts([]) == []
 
 
+async def test_entries_of_one_batch_see_the_ones_before_them(store: LightningStore) -> None:
+    config = RolloutConfig(max_attempts=3, retry_condition=["failed"])
+    await store.enqueue_rollout("twice", config=config)
+    await store.enqueue_rollout("superseded", config=config)
+    twice, superseded = await store.dequeue_many_rollouts(limit=2, worker_id="w1")
+    await store.update_attempt(superseded.rollout_id, superseded.attempt.attempt_id, status="failed")  # requeued
+    newer = await store.dequeue_rollout(worker_id="w2")
+    assert newer is not None and newer.rollout_id == superseded.rollout_id
+
+    ended = await store.end_attempts(
+        [
+            AttemptEnd(rollout_id=twice.rollout_id, attempt_id=twice.attempt.attempt_id, status="failed"),
+            AttemptEnd(rollout_id=twice.rollout_id, attempt_id=twice.attempt.attempt_id, status="succeeded"),
+            AttemptEnd(rollout_id=newer.rollout_id, attempt_id=superseded.attempt.attempt_id, status="succeeded"),
+            AttemptEnd(rollout_id=newer.rollout_id, attempt_id="latest", status="succeeded", metadata={"n": 2}),
+        ]
+    )
+
+    assert [a.status if a else None for a in ended] == ["failed", None, None, "succeeded"]
+    assert ended[3] is not None and ended[3].attempt_id == newer.attempt.attempt_id and ended[3].metadata == {"n": 2}
+    rollouts = {r.rollout_id: r.status for r in (await store.query_rollouts()).items}
+    assert rollouts == {twice.rollout_id: "requeuing", newer.rollout_id: "succeeded"}
+    attempts = (await store.query_attempts(newer.rollout_id)).items
+    assert [(a.status, a.metadata) for a in attempts] == [("failed", None), ("succeeded", {"n": 2})]
+    workers = {w.worker_id: w for w in (await store.query_workers()).items}
+    assert workers["w1"].status == workers["w2"].status == "idle"
+    assert workers["w2"].current_attempt_id is None
+
+
 @pytest.mark.parametrize(
     ("entry", "field"),
     [

@@ -375,6 +375,82 @@ async def test_span_with_lower_sequence_id_does_not_move_the_counter_back(store:
     assert await store.get_next_span_sequence_id(rollout.rollout_id, rollout.attempt.attempt_id) > 100
 
 
+async def test_add_many_spans_allocating_numbers_each_rollouts_spans_in_order(store: LightningStore) -> None:
+    first = await store.start_rollout({"q": 1})
+    second = await store.start_rollout({"q": 2})
+    before = await store.get_next_span_sequence_id(first.rollout_id, first.attempt.attempt_id)
+    batch = [make_span(first, "a"), make_span(second, "b"), make_span(first, "c"), make_span(first, "d")]
+
+    added = await store.add_many_spans(batch, allocate_sequence_ids=True)
+
+    numbers = {span.span_id: span.sequence_id for span in added}
+    assert [span.span_id for span in added] == ["a", "b", "c", "d"]
+    assert before < numbers["a"] < numbers["c"] < numbers["d"]
+    stored = {span.span_id: span.sequence_id for span in await spans_of(store, first.rollout_id)}
+    assert stored == {"a": numbers["a"], "c": numbers["c"], "d": numbers["d"]}
+    assert [span.span_id for span in await spans_of(store, second.rollout_id)] == ["b"]
+    # The counter moved past the numbers taken: the next draw and the next allocating write come after them.
+    assert await store.get_next_span_sequence_id(first.rollout_id, first.attempt.attempt_id) > numbers["d"]
+    (later,) = await store.add_many_spans([make_span(first, "e")], allocate_sequence_ids=True)
+    assert later.sequence_id > numbers["d"]
+
+
+async def test_add_many_spans_allocating_ignores_the_spans_own_numbers(store: LightningStore) -> None:
+    rollout = await store.start_rollout({"q": 1})
+
+    (added,) = await store.add_many_spans([make_span(rollout, "s1", sequence_id=500)], allocate_sequence_ids=True)
+
+    assert added.sequence_id < 500
+    assert (await spans_of(store, rollout.rollout_id))[0].sequence_id == added.sequence_id
+
+
+async def test_add_many_spans_allocating_skips_duplicates_and_keeps_their_numbers(store: LightningStore) -> None:
+    rollout = await store.start_rollout({"q": 1})
+    (kept,) = await store.add_many_spans([make_span(rollout, "s1")], allocate_sequence_ids=True)
+
+    added = await store.add_many_spans([make_span(rollout, "s1"), make_span(rollout, "s2")], allocate_sequence_ids=True)
+
+    assert [span.span_id for span in added] == ["s2"]
+    stored = {span.span_id: span.sequence_id for span in await spans_of(store, rollout.rollout_id)}
+    assert stored["s1"] == kept.sequence_id
+    assert stored["s2"] > kept.sequence_id
+
+
+async def test_add_many_spans_allocating_for_an_unknown_attempt_writes_and_draws_nothing(
+    store: LightningStore,
+) -> None:
+    rollout = await store.start_rollout({"q": 1})
+    before = await store.get_next_span_sequence_id(rollout.rollout_id, rollout.attempt.attempt_id)
+
+    with pytest.raises(NotFoundError) as raised:
+        await store.add_many_spans(
+            [make_span(rollout, "s1"), make_span(rollout, "s2", attempt_id="at-missing")], allocate_sequence_ids=True
+        )
+
+    assert raised.value.field == "spans.1.attempt_id"
+    assert await spans_of(store, rollout.rollout_id) == []
+    assert await store.get_next_span_sequence_id(rollout.rollout_id, rollout.attempt.attempt_id) == before + 1
+
+
+async def test_concurrent_allocating_writes_never_share_a_number(
+    store: LightningStore, store_factory: StoreFactory
+) -> None:
+    rollout = await store.start_rollout({"q": 1})
+    other = await store_factory()
+
+    async def write(s: LightningStore, prefix: str) -> None:
+        for i in range(10):
+            await s.add_many_spans(
+                [make_span(rollout, f"{prefix}-{i}-{j}") for j in range(3)], allocate_sequence_ids=True
+            )
+
+    await asyncio.gather(*(write(store, f"a{k}") for k in range(3)), *(write(other, f"b{k}") for k in range(2)))
+
+    numbers = [span.sequence_id for span in await spans_of(store, rollout.rollout_id)]
+    assert len(numbers) == 150
+    assert len(set(numbers)) == 150
+
+
 # OpenTelemetry spans -------------------------------------------------------------------------------------
 
 

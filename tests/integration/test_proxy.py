@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
+from fastapi.responses import PlainTextResponse
 
 from algorithms.serving.policy_server import PolicyServer
 from algorithms.serving.tiny_model import build_tiny_model
@@ -148,6 +151,39 @@ async def test_unknown_ids_and_missing_upstream(proxy: httpx.AsyncClient, sql_st
     assert response.status_code == 404 and response.json()["field"] == "attempt_id"
     response = await proxy.post("/v1/chat/completions", json={"messages": MESSAGES})
     assert response.status_code == 422 and response.json()["field"] == "rollout_id"
+
+
+async def test_an_unreachable_or_garbled_upstream_is_a_502_recorded_as_an_error_span(
+    proxy: httpx.AsyncClient, sql_store: SqlStore
+) -> None:
+    garbled = FastAPI()
+
+    @garbled.post("/v1/chat/completions")
+    async def chat() -> PlainTextResponse:
+        return PlainTextResponse("<html>proxy error page</html>")
+
+    with socket.socket() as probe:  # a port with nothing listening on it
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    async with serve_app(garbled) as garbled_url:
+        for endpoint in (f"http://127.0.0.1:{closed}/v1", f"{garbled_url}/v1"):
+            resources = await sql_store.add_resources({"policy": LLM(endpoint=endpoint, model="tiny")})
+            rollout = await sql_store.start_rollout(1, resources_id=resources.resources_id)
+            for stream in (False, True):
+                response = await proxy.post(bound(rollout), json={"messages": MESSAGES, "stream": stream})
+                if stream and endpoint == f"{garbled_url}/v1":
+                    # A stream relays what the upstream sends; what was sent is recorded (no token ids here).
+                    assert response.status_code == 200
+                    continue
+                assert response.status_code == 502, (endpoint, stream)
+                assert response.json()["error_type"] == "UpstreamError"
+            for _ in range(200):
+                spans = await sql_store.query_spans(rollout.rollout_id)
+                if len(spans) == 2:
+                    break
+                await asyncio.sleep(0.025)
+            statuses = sorted(s.status.status_code for s in spans)
+            assert statuses == (["ERROR", "ERROR"] if str(closed) in endpoint else ["ERROR", "OK"])
 
 
 def test_tiny_model_files_exist(policy: PolicyServer) -> None:

@@ -134,6 +134,20 @@ async def test_a_bad_span_in_a_batch_writes_none_of_it(http: httpx.AsyncClient, 
     assert await counts(sql_store) == (1, 0)
 
 
+async def test_a_span_batch_that_allocates_its_numbers_may_leave_them_out(
+    http: httpx.AsyncClient, sql_store: SqlStore
+) -> None:
+    rollout = await sql_store.start_rollout(1)
+    unnumbered = {k: v for k, v in span_json(rollout, "s1").items() if k != "sequence_id"}
+    response = await http.post("/v1/agl/spans/batch", json={"spans": [unnumbered]})
+    assert response.status_code == 422 and response.json()["field"] == "spans.0.sequence_id"
+    response = await http.post("/v1/agl/spans/batch", json={"spans": [unnumbered], "allocate_sequence_ids": True})
+    assert response.status_code == 201
+    assert [span["sequence_id"] for span in response.json()["spans"]] == [1]
+    response = await http.post("/v1/agl/spans/batch", json={"spans": [], "allocate_sequence_ids": "maybe"})
+    assert response.status_code == 422 and response.json()["field"] == "allocate_sequence_ids"
+
+
 async def test_duplicate_span_answers_null(http: httpx.AsyncClient, sql_store: SqlStore) -> None:
     rollout = await sql_store.start_rollout(1)
     first = await http.post("/v1/agl/spans", json=span_json(rollout, "s1"))
