@@ -58,11 +58,15 @@ def test_store_train_runs_checkpoints_and_resumes(tmp_path: Path) -> None:
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed is not installed")
 def test_store_train_with_deepspeed_ranks_checkpoints_and_resumes(tmp_path: Path) -> None:
     """Two DeepSpeed ranks (ZeRO-2) train; each checkpoint holds both optimizer partitions, and the second run
-    resumes from them."""
+    resumes from them.
+
+    Sampling is not seeded, so a step may draw groups whose rewards are all equal and train nothing (GRPO drops
+    them). Groups of 4 make that rare (about 4% a step, 0.2% for both steps), and the assertion on gradients
+    holds for every step that trained, with at least one that did."""
     build_tool_namer(tmp_path / "model", steps=20)
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TRAIN_TASKS[:2]))
     (tmp_path / "val.jsonl").write_text(json.dumps(VAL_TASKS[0]) + "\n")
-    (tmp_path / "grpo.yaml").write_text("tasks_per_step: 2\ngroup_size: 2\neval_repeats: 2\nlearning_rate: 1.0e-4\n")
+    (tmp_path / "grpo.yaml").write_text("tasks_per_step: 2\ngroup_size: 4\neval_repeats: 2\nlearning_rate: 1.0e-4\n")
     deepspeed = ("--trainer", "deepspeed", "--processes", "2")
     first = store_train(tmp_path, 1, *deepspeed)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -73,7 +77,10 @@ def test_store_train_with_deepspeed_ranks_checkpoints_and_resumes(tmp_path: Path
     assert second.returncode == 0, second.stderr[-3000:]
     assert (tmp_path / "run" / "step-2" / "config.json").exists()
     steps_logged = [json.loads(line) for line in second.stderr.splitlines() if line.startswith('{"event": "step"')]
-    assert [s["step"] for s in steps_logged] == [1, 2] and steps_logged[-1]["grad_norm"] > 0
+    assert [s["step"] for s in steps_logged] == [1, 2]
+    first_logged = [json.loads(line) for line in first.stderr.splitlines() if line.startswith('{"event": "step"')]
+    trained = [s for s in first_logged + steps_logged if s.get("trained_transitions", 0) > 0]
+    assert trained and all(s["grad_norm"] > 0 for s in trained), first_logged + steps_logged
 
 
 def test_bad_config_is_refused_before_anything_starts(tmp_path: Path) -> None:
