@@ -10,22 +10,46 @@ waiting for the loop rather than for SQLite, and every other write queued behind
 thread, then serves ``fetchall`` from memory. Fetching eagerly is what SQLAlchemy's adapter does anyway for
 the ordinary (buffered) cursors the store uses.
 
+Transactions cost no trips of their own either. The store begins each transaction with a ``BEGIN`` statement of
+its own (:mod:`lightning_store.sql.engine`); the cursor holds it back and sends it with the transaction's first
+statement, in the same call. Ending a transaction that never started (a ``BEGIN`` no statement followed, or the
+pool's rollback of a connection whose transaction already ended) does not go to the thread at all. A one-statement
+read is then two trips, where it was four: the statement, and its commit.
+
 It relies on ``aiosqlite.Connection._execute`` (queue a function on the connection's thread), the one private
 name it needs; where an aiosqlite release lacks it, :func:`connect` returns plain aiosqlite connections.
 """
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import aiosqlite
 
 ONE_TRIP = callable(getattr(aiosqlite.Connection, "_execute", None))
 """Whether this aiosqlite release has what :class:`OneTripCursor` needs."""
 
-_Outcome = tuple[Any, int, int | None, list[Any]]
+BEGINS = frozenset({"BEGIN", "BEGIN IMMEDIATE"})
+"""The statements that open the store's transactions (:mod:`lightning_store.sql.engine`); held back until the
+transaction's first statement."""
+
+_Outcome = tuple[Any, int, int | None, list[Any], bool]
+
+
+@dataclass
+class Transaction:
+    """What the event loop knows of one connection's transaction (the sqlite3 connection itself may only be
+    asked on its thread)."""
+
+    pending_begin: str | None = None
+    """A ``BEGIN`` not yet sent: it goes with the next statement."""
+    open: bool = False
+    """Whether the database has a transaction open, as of the last trip; ``True`` when a trip failed (unknown:
+    the next commit or rollback then asks the database)."""
 
 
 async def connect(database: str, **kwargs: Any) -> aiosqlite.Connection:
@@ -36,9 +60,21 @@ async def connect(database: str, **kwargs: Any) -> aiosqlite.Connection:
     thread.daemon = True
     await connection
     if ONE_TRIP:
-        # An instance attribute: the connection is otherwise aiosqlite's own (its thread, queue and close).
-        setattr(connection, "cursor", lambda: OneTripCursor(connection))  # noqa: B010 (not the declared type)
+        # Instance attributes: the connection is otherwise aiosqlite's own (its thread, queue and close).
+        transaction = Transaction()
+        setattr(connection, "cursor", lambda: OneTripCursor(connection, transaction))  # noqa: B010
+        setattr(connection, "commit", functools.partial(_end, connection, transaction, "commit"))  # noqa: B010
+        setattr(connection, "rollback", functools.partial(_end, connection, transaction, "rollback"))  # noqa: B010
     return connection
+
+
+async def _end(connection: aiosqlite.Connection, transaction: Transaction, how: Literal["commit", "rollback"]) -> None:
+    """Commit or roll back; no trip when no transaction was started."""
+    transaction.pending_begin = None
+    if not transaction.open:
+        return
+    still_open: bool = await connection._execute(_finish, connection._conn, how)  # type: ignore[no-untyped-call]
+    transaction.open = still_open
 
 
 class OneTripCursor:
@@ -46,8 +82,9 @@ class OneTripCursor:
 
     arraysize = 1
 
-    def __init__(self, connection: aiosqlite.Connection) -> None:
+    def __init__(self, connection: aiosqlite.Connection, transaction: Transaction) -> None:
         self._connection = connection
+        self._transaction = transaction
         self.description: Any = None
         self.rowcount = -1
         self.lastrowid: int | None = None
@@ -60,6 +97,11 @@ class OneTripCursor:
         return None
 
     async def execute(self, sql: str, parameters: Sequence[Any] | None = None) -> OneTripCursor:
+        transaction = self._transaction
+        if sql in BEGINS and not transaction.open and transaction.pending_begin is None:
+            transaction.pending_begin = sql
+            self.description, self.rowcount, self.lastrowid, self._rows = None, -1, None, []
+            return self
         self._take(await self._on_thread(_execute, sql, parameters))
         return self
 
@@ -83,32 +125,50 @@ class OneTripCursor:
         self._rows = []
 
     async def _on_thread(self, function: Callable[..., _Outcome], *args: Any) -> _Outcome:
-        connection = self._connection
-        outcome: _Outcome = await connection._execute(function, connection._conn, *args)  # type: ignore[no-untyped-call]
+        connection, transaction = self._connection, self._transaction
+        begin, transaction.pending_begin = transaction.pending_begin, None
+        transaction.open = True  # until the trip says otherwise: a failed or cancelled one leaves it unknown
+        outcome: _Outcome = await connection._execute(function, connection._conn, begin, *args)  # type: ignore[no-untyped-call]
+        transaction.open = outcome[4]
         return outcome
 
     def _take(self, outcome: _Outcome) -> None:
-        self.description, self.rowcount, self.lastrowid, self._rows = outcome
+        self.description, self.rowcount, self.lastrowid, self._rows, _ = outcome
 
 
-def _execute(connection: sqlite3.Connection, sql: str, parameters: Sequence[Any] | None) -> _Outcome:
+def _execute(connection: sqlite3.Connection, begin: str | None, sql: str, parameters: Sequence[Any] | None) -> _Outcome:
     cursor = connection.cursor()
     try:
+        if begin is not None:
+            cursor.execute(begin)
         cursor.execute(sql, () if parameters is None else parameters)
-        return _outcome(cursor)
+        return _outcome(connection, cursor)
     finally:
         cursor.close()
 
 
-def _executemany(connection: sqlite3.Connection, sql: str, parameters: Iterable[Sequence[Any]]) -> _Outcome:
+def _executemany(
+    connection: sqlite3.Connection, begin: str | None, sql: str, parameters: Iterable[Sequence[Any]]
+) -> _Outcome:
     cursor = connection.cursor()
     try:
+        if begin is not None:
+            cursor.execute(begin)
         cursor.executemany(sql, parameters)
-        return _outcome(cursor)
+        return _outcome(connection, cursor)
     finally:
         cursor.close()
 
 
-def _outcome(cursor: sqlite3.Cursor) -> _Outcome:
+def _outcome(connection: sqlite3.Connection, cursor: sqlite3.Cursor) -> _Outcome:
     rows = cursor.fetchall() if cursor.description else []
-    return cursor.description, cursor.rowcount, cursor.lastrowid, rows
+    return cursor.description, cursor.rowcount, cursor.lastrowid, rows, connection.in_transaction
+
+
+def _finish(connection: sqlite3.Connection, how: Literal["commit", "rollback"]) -> bool:
+    """Commit or roll back on the database thread; whether a transaction is still open after it."""
+    if how == "commit":
+        connection.commit()
+    else:
+        connection.rollback()
+    return connection.in_transaction

@@ -1,0 +1,104 @@
+"""The one-trip SQLite driver under SQLAlchemy, on a real database file: what each transaction costs in trips to
+the database thread, and that holding ``BEGIN`` back changes nothing a transaction can observe."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from lightning_store.sql import sqlite_driver
+from lightning_store.sql.engine import WRITE_OPTION, make_engine
+
+pytestmark = pytest.mark.skipif(not sqlite_driver.ONE_TRIP, reason="this aiosqlite release has no one-trip cursors")
+
+
+@pytest.fixture
+async def engine(tmp_path: Path) -> AsyncIterator[AsyncEngine]:
+    engine = make_engine(f"sqlite:///{tmp_path / 'driver.db'}", pool_size=1)  # one connection, reused
+    async with engine.begin() as conn:
+        await conn.execute(sa.text("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT)"))
+    yield engine
+    await engine.dispose()
+
+
+async def trips(engine: AsyncEngine) -> list[str]:
+    """The names of the functions the engine's one connection sends to its thread from now on."""
+    async with engine.connect() as conn:
+        raw = await conn.get_raw_connection()
+        aiosqlite_connection: Any = raw.driver_connection
+    sent: list[str] = []
+    send = aiosqlite_connection._execute
+
+    async def counting(function: Any, *args: Any) -> Any:
+        sent.append(getattr(function, "__name__", repr(function)))
+        return await send(function, *args)
+
+    aiosqlite_connection._execute = counting
+    return sent
+
+
+async def test_a_one_statement_read_is_two_trips_and_its_return_to_the_pool_none(engine: AsyncEngine) -> None:
+    sent = await trips(engine)
+    async with engine.connect() as conn, conn.begin():
+        assert (await conn.execute(sa.text("SELECT count(*) FROM items"))).scalar() == 0
+    assert sent == ["_execute", "_finish"]
+
+
+async def test_a_transaction_without_statements_costs_no_trip(engine: AsyncEngine) -> None:
+    sent = await trips(engine)
+    async with engine.connect() as conn, conn.begin():
+        pass
+    async with engine.connect() as conn:
+        await conn.execution_options(**{WRITE_OPTION: True})
+        async with conn.begin():
+            pass
+    assert sent == []
+
+
+async def test_the_held_back_begin_is_sent_a_rollback_undoes_every_statement(engine: AsyncEngine) -> None:
+    async with engine.connect() as conn:
+        async with conn.begin() as transaction:
+            await conn.execute(sa.text("INSERT INTO items (name) VALUES ('a')"))
+            await conn.execute(sa.text("INSERT INTO items (name) VALUES ('b')"))
+            await transaction.rollback()
+        assert (await conn.execute(sa.text("SELECT count(*) FROM items"))).scalar() == 0
+        await conn.commit()
+
+
+async def test_a_writer_holds_the_write_lock_from_its_first_statement(engine: AsyncEngine, tmp_path: Path) -> None:
+    """``BEGIN IMMEDIATE`` still precedes the first statement: another connection cannot write until the
+    transaction ends, even when the first statement only reads."""
+    other = sqlite3.connect(tmp_path / "driver.db", timeout=0, isolation_level=None)
+    try:
+        async with engine.connect() as conn:
+            await conn.execution_options(**{WRITE_OPTION: True})
+            async with conn.begin():
+                await conn.execute(sa.text("SELECT count(*) FROM items"))
+                with pytest.raises(sqlite3.OperationalError, match="locked"):
+                    other.execute("INSERT INTO items (name) VALUES ('other')")
+                await conn.execute(sa.text("INSERT INTO items (name) VALUES ('mine')"))
+        other.execute("INSERT INTO items (name) VALUES ('other')")
+        assert [r[0] for r in other.execute("SELECT name FROM items ORDER BY id")] == ["mine", "other"]
+    finally:
+        other.close()
+
+
+async def test_a_failed_first_statement_leaves_the_connection_usable(engine: AsyncEngine) -> None:
+    sent = await trips(engine)
+    async with engine.connect() as conn:
+        with pytest.raises(OperationalError):
+            async with conn.begin():
+                await conn.execute(sa.text("SELECT * FROM no_such_table"))
+        # The failed trip left the transaction's state unknown: the rollback asked the database.
+        assert sent == ["_execute", "_finish"]
+        async with conn.begin():
+            await conn.execute(sa.text("INSERT INTO items (name) VALUES ('after')"))
+    async with engine.connect() as conn:
+        assert (await conn.execute(sa.text("SELECT name FROM items"))).scalars().all() == ["after"]
