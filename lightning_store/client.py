@@ -5,7 +5,9 @@ with backoff — every request when the connection could not be opened (nothing 
 (reads, updates, span writes, enqueue with a rollout id) also when the answer was lost. Long waits are split into
 long-polls of at most ``MAX_LONG_POLL_SECONDS``. Errors come back typed: 404 → ``NotFoundError``, 409 →
 ``ConflictError``, other 4xx → ``InvalidRequestError`` (401 → ``UnauthorizedError``), each with the server's
-``field``.
+``field``. Failures to reach the server are httpx's (``httpx.TransportError``; a 5xx ``httpx.HTTPStatusError``).
+The requests go through httpx's client on aiohttp's connection pool
+(:mod:`lightning_store.http_transport`), with httpx's errors.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from lightning_store.contract import UNSET, StoreStatistics, Unset
 from lightning_store.errors import ConflictError, InvalidRequestError, NotFoundError, StoreError, UnauthorizedError
+from lightning_store.http_transport import StoreTransport
 from lightning_store.llm_calls import LlmCall
 from lightning_store.models import (
     Attempt,
@@ -44,6 +47,10 @@ from lightning_store.server.wire import MAX_LONG_POLL_SECONDS
 from lightning_store.spans import Span
 
 RETRY_DELAYS = (0.1, 0.5, 1.0, 2.0, 4.0)
+NOT_SENT = (httpx.ConnectError,)
+"""The connection could not be opened: the request never left, so any request may be sent again."""
+ANSWER_LOST = (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError)
+"""The request may have reached the server: only an idempotent one is sent again."""
 
 
 def _rollout(data: dict[str, Any]) -> Rollout:
@@ -71,6 +78,7 @@ class HttpStore:
             base_url=base_url.rstrip("/"),
             headers=headers,
             timeout=httpx.Timeout(timeout + MAX_LONG_POLL_SECONDS, connect=5.0),
+            transport=StoreTransport(),
         )
 
     async def _call(
@@ -81,11 +89,11 @@ class HttpStore:
             last = attempt == len(RETRY_DELAYS)
             try:
                 response = await self._http.request(method, path, json=json, params=params)
-            except httpx.ConnectError:
+            except NOT_SENT:
                 if last:
                     raise
                 continue
-            except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError):
+            except ANSWER_LOST:
                 if last or not idempotent:
                     raise
                 continue
