@@ -216,6 +216,7 @@ async def _train(
             resume=resume,
             on_step=progress.update,
             trainer=trainer,
+            freeze_heap=True,
         )
         try:
             result: dict[str, Any] = await instance.train(session)

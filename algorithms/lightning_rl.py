@@ -20,6 +20,7 @@ from adapters import Transition, TransitionAdapter, credit_assignment
 from algorithms import checkpoints, collect
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.session import MetricsLog, TrainingSession
+from lightning_store import aio
 from lightning_store.models import RolloutConfig
 
 if TYPE_CHECKING:
@@ -135,6 +136,8 @@ class LightningRL(Algorithm):
         )
         adapter = self.adapter()
         in_flight: list[str] = []
+        if session.freeze_heap:
+            aio.freeze_startup_heap()  # the policy, its reference and the served copy are loaded
         try:
             if session.val_tasks and start < session.max_steps:
                 await log.log(start, await self._evaluate(session, start, rollout_config))

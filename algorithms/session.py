@@ -92,3 +92,6 @@ class TrainingSession:
     resume: bool = True
     on_step: Callable[[int, dict[str, float]], None] = lambda step, metrics: None
     trainer: TrainerSettings = field(default_factory=TrainerSettings)
+    freeze_heap: bool = False
+    """The process is the trainer's own: once the models are loaded, what exists is exempted from full garbage
+    collections (:func:`lightning_store.aio.freeze_startup_heap`). Off where training shares a process (tests)."""

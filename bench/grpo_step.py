@@ -1,5 +1,6 @@
 """Time per GRPO step: our whole stack against TRL's ``GRPOTrainer``, on the same model, batch and generation
-length, one after the other in one run; prints both, the ratio, and where our step's time goes.
+length, one after the other in one run; prints both (the median step, and the mean, which pauses such as a
+garbage collection's show in), the ratio, and where our step's time goes.
 
 The task is the cancelled-flight question, single-turn: one completion per rollout, reward 1 when it names
 memory first. Both sides draw ``--prompts`` prompts per step, sample ``--group`` completions of each (at most
@@ -76,6 +77,7 @@ async def ours(model: Path, args: argparse.Namespace, work: Path) -> dict[str, f
                 policy=policy,
                 max_steps=args.steps,
                 on_step=lambda step, metrics: decode_marks.append(policy.server.decode_seconds),
+                freeze_heap=True,
             )
             summary = await GRPO(**options(args)).train(session)
     steps = [h for h in summary["history"] if "step_seconds" in h][WARMUP_STEPS:]
@@ -95,7 +97,8 @@ async def ours(model: Path, args: argparse.Namespace, work: Path) -> dict[str, f
                 "reward": h["reward_mean"],
             }
         )
-    return {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+    medians = {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+    return medians | {"mean_step": statistics.fmean(r["step"] for r in rows)}
 
 
 def trl(model: Path, args: argparse.Namespace, work: Path) -> dict[str, float]:
@@ -158,6 +161,7 @@ def trl(model: Path, args: argparse.Namespace, work: Path) -> dict[str, float]:
     logged = [h for h in trainer.state.log_history if "reward" in h][WARMUP_STEPS:]
     return {
         "step": statistics.median(durations),
+        "mean_step": statistics.fmean(durations),
         "tokens": statistics.median(h.get("completions/mean_length", 0.0) * args.prompts * args.group for h in logged),
         "reward": statistics.median(h["reward"] for h in logged),
     }
@@ -185,10 +189,11 @@ def main() -> None:
         mine = aio.run(ours(model, args, work))
         theirs = trl(model, args, work)
     middleware = mine["store_proxy_runners"] + mine["adapt"] + mine["publish"]
-    print(f"{'':>22} {'s/step':>8} {'tokens':>8} {'reward':>7}")
-    print(f"{'ours':>22} {mine['step']:8.2f} {mine['tokens']:8.0f} {mine['reward']:7.2f}")
-    print(f"{'TRL GRPOTrainer':>22} {theirs['step']:8.2f} {theirs['tokens']:8.0f} {theirs['reward']:7.2f}")
-    print(f"ratio TRL/ours (above 1: ours is faster): {theirs['step'] / mine['step']:.2f}")
+    print(f"{'':>22} {'s/step':>8} {'mean':>6} {'tokens':>8} {'reward':>7}")
+    for name, side in (("ours", mine), ("TRL GRPOTrainer", theirs)):
+        print(f"{name:>22} {side['step']:8.2f} {side['mean_step']:6.2f} {side['tokens']:8.0f} {side['reward']:7.2f}")
+    print(f"ratio TRL/ours (above 1: ours is faster): {theirs['step'] / mine['step']:.2f} (means: ", end="")
+    print(f"{theirs['mean_step'] / mine['mean_step']:.2f})")
     if args.asynchronous:
         # Decoding the next batch overlaps this step's update, so the parts do not add up to the step.
         parts = ("collect", "adapt", "train", "publish")

@@ -101,6 +101,7 @@ async def run(model: Path, args: argparse.Namespace, work: Path) -> dict[str, An
                 output_dir=work / "out",
                 policy=policy,
                 max_steps=args.steps,
+                freeze_heap=True,
             )
             summary = await algorithm.train(session)
             wall = time.perf_counter() - started

@@ -84,6 +84,7 @@ async def _serve(config: WorkerConfig, conn: Connection) -> None:
         concurrency=config.concurrency,
         report=lambda event: _send(conn, event),
     )
+    aio.freeze_startup_heap()  # the agent and its libraries are imported; nothing else is made up front
     try:
         running = asyncio.ensure_future(worker.run(stop, idle_exit=config.idle_exit))
         stopped = asyncio.ensure_future(stop.wait())

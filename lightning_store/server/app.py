@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from lightning_store import aio
 from lightning_store.contract import LightningStore
 from lightning_store.errors import ConflictError, InvalidRequestError, NotFoundError, StoreError
 from lightning_store.server import otlp, proxy, routes_rollouts, routes_store
@@ -29,9 +30,10 @@ from lightning_store.settings import ServerSettings
 logger = logging.getLogger(__name__)
 
 
-def create_app(settings: ServerSettings, store: LightningStore | None = None) -> Any:
+def create_app(settings: ServerSettings, store: LightningStore | None = None, *, freeze_heap: bool = False) -> Any:
     """The ASGI application. Without ``store``, it opens one from ``settings`` at start-up and closes it at
-    shutdown; with one, the caller owns it."""
+    shutdown; with one, the caller owns it. ``freeze_heap``: the process is ``store serve``'s own, and what
+    exists once it has started is exempted from full garbage collections (:func:`aio.freeze_startup_heap`)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -45,6 +47,8 @@ def create_app(settings: ServerSettings, store: LightningStore | None = None) ->
             else:
                 app.state.store = store
             app.state.upstream_http = proxy.upstream_client(settings.upstream_timeout)
+            if freeze_heap:
+                aio.freeze_startup_heap()
             stack.push_async_callback(app.state.upstream_http.close)
             app.state.recorder = CallRecorder(app.state.store)
             # Last in, first out: LLM-call records still queued are written before the store closes.

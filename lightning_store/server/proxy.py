@@ -114,7 +114,7 @@ async def _proxy(
         call.record_error(502, f"not JSON: {content[:200].decode(errors='replace')}")
         return JSONResponse({"detail": "the upstream's answer is not JSON", "error_type": "UpstreamError"}, 502)
     call.record(data)
-    return JSONResponse(data)
+    return Response(content, status_code=status, media_type=content_type)  # the upstream's bytes, unchanged
 
 
 def upstream_client(timeout: float) -> aiohttp.ClientSession:

@@ -40,7 +40,8 @@ def serve(settings: ServerSettings, *, log_level: str = "info") -> None:
     if settings.workers == 1:
         from lightning_store.server.app import create_app
 
-        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level)
+        app = create_app(settings, freeze_heap=True)
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level)
         return
     if settings.migrate_on_start:
         _migrate_once(settings)
@@ -62,7 +63,7 @@ def serve(settings: ServerSettings, *, log_level: str = "info") -> None:
 def app_from_environment() -> Any:
     from lightning_store.server.app import create_app
 
-    return create_app(load_server_settings())
+    return create_app(load_server_settings(), freeze_heap=True)
 
 
 def _migrate_once(settings: ServerSettings) -> None:

@@ -1,8 +1,10 @@
 """Connection handling shared by the SQL store's method families.
 
 Reads run in plain transactions. Writes run in one transaction each; on SQLite they are also serialized within
-the process (SQLite has one writer; queueing here is cheaper than busy-waiting in the driver) and begin with
-``BEGIN IMMEDIATE``. Postgres writes that wake waiters ``pg_notify`` inside the transaction, so waiters in
+the process (SQLite has one writer; queueing here is cheaper than busy-waiting in the driver), begin with
+``BEGIN IMMEDIATE``, and go through a connection of their own (``writer``), so that a writer holding the lock
+never waits for a pooled connection behind a burst of readers (64 LLM calls reading their rollouts' resources at
+once held one for 200 ms). Postgres writes that wake waiters ``pg_notify`` inside the transaction, so waiters in
 other processes see the change only once it is committed.
 """
 
@@ -35,8 +37,12 @@ class Wakeups:
 class SqlBase:
     """State and transaction helpers; see :class:`lightning_store.sql.store.SqlStore` for the public API."""
 
-    def __init__(self, engine: AsyncEngine, url: URL, settings: StoreSettings) -> None:
+    def __init__(
+        self, engine: AsyncEngine, url: URL, settings: StoreSettings, writer: AsyncEngine | None = None
+    ) -> None:
         self.engine = engine
+        self.writer = writer or engine
+        """The engine of write transactions (``engine`` itself unless one was given)."""
         self.url = url
         self.settings = settings
         self.dialect = engine.dialect.name
@@ -62,7 +68,7 @@ class SqlBase:
         """A write transaction; topics added to the yielded ``Wakeups`` are signalled after commit."""
         wakeups = Wakeups()
         lock = self._write_lock if self.is_sqlite else contextlib.nullcontext()
-        async with lock, self.engine.connect() as conn:
+        async with lock, self.writer.connect() as conn:
             await conn.execution_options(**{WRITE_OPTION: True})
             async with conn.begin():
                 yield conn, wakeups

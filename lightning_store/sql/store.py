@@ -11,7 +11,7 @@ from sqlalchemy.engine import URL
 from lightning_store.contract import StoreStatistics
 from lightning_store.migrate import upgrade
 from lightning_store.settings import StoreSettings, load_settings
-from lightning_store.sql.engine import make_engine, normalize_url
+from lightning_store.sql.engine import is_memory_sqlite, is_sqlite, make_engine, normalize_url
 from lightning_store.sql.llm_calls import LlmCallOps
 from lightning_store.sql.notify import PostgresListener
 from lightning_store.sql.resources import ResourceOps
@@ -69,6 +69,8 @@ class SqlStore(RolloutOps, SpanOps, SpanSearchOps, ResourceOps, WatchdogOps, Llm
             await self._listener.stop()
             self._listener = None
         await self.engine.dispose()
+        if self.writer is not self.engine:
+            await self.writer.dispose()
 
 
 async def open_store(
@@ -87,7 +89,9 @@ async def open_store(
     settings = settings or load_settings(database_url=database_url, migrate_on_start=migrate, **overrides)
     url = normalize_url(settings.database_url)
     engine = make_engine(url, pool_size=settings.pool_size)
-    store = SqlStore(engine, url, settings)
+    # SQLite has one writer at a time (the store's lock serializes them): one connection of their own serves them.
+    writer = make_engine(url, pool_size=1) if is_sqlite(url) and not is_memory_sqlite(url) else None
+    store = SqlStore(engine, url, settings, writer)
     should_migrate = settings.migrate_on_start
     if should_migrate is None:
         should_migrate = store.is_sqlite

@@ -49,8 +49,10 @@ class Server:
                     return
                 status, body = answered
                 payload = json.dumps(body).encode()
-                head = f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {len(payload)}\r\n"
-                writer.write(head.encode() + b"\r\n" + payload)
+                answer_head = (
+                    f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {len(payload)}\r\n"
+                )
+                writer.write(answer_head.encode() + b"\r\n" + payload)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             return
