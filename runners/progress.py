@@ -79,3 +79,11 @@ class ProgressView:
 
 def configure_logging(level: int = logging.INFO) -> None:
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    quiet_http_logs(level)
+
+
+def quiet_http_logs(level: int) -> None:
+    """httpx logs every request at INFO: a line per store call and per LLM call of every agent. Below DEBUG,
+    only its warnings are shown."""
+    if level > logging.DEBUG:
+        logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -1,9 +1,14 @@
 """The one-trip SQLite driver under SQLAlchemy, on a real database file: what each transaction costs in trips to
-the database thread, and that holding ``BEGIN`` back changes nothing a transaction can observe."""
+the database thread, and that holding ``BEGIN`` back changes nothing a transaction can observe. Also the other
+two things that keep SQLite's store from pausing: writes on a connection of their own, and a frozen startup
+heap."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,10 +18,11 @@ import sqlalchemy as sa
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from lightning_store.sql import sqlite_driver
+from lightning_store.resources import LLM
+from lightning_store.sql import open_store, sqlite_driver
 from lightning_store.sql.engine import WRITE_OPTION, make_engine
 
-pytestmark = pytest.mark.skipif(not sqlite_driver.ONE_TRIP, reason="this aiosqlite release has no one-trip cursors")
+one_trip = pytest.mark.skipif(not sqlite_driver.ONE_TRIP, reason="this aiosqlite release has no one-trip cursors")
 
 
 @pytest.fixture
@@ -44,6 +50,7 @@ async def trips(engine: AsyncEngine) -> list[str]:
     return sent
 
 
+@one_trip
 async def test_a_one_statement_read_is_two_trips_and_its_return_to_the_pool_none(engine: AsyncEngine) -> None:
     sent = await trips(engine)
     async with engine.connect() as conn, conn.begin():
@@ -51,6 +58,7 @@ async def test_a_one_statement_read_is_two_trips_and_its_return_to_the_pool_none
     assert sent == ["_execute", "_finish"]
 
 
+@one_trip
 async def test_a_transaction_without_statements_costs_no_trip(engine: AsyncEngine) -> None:
     sent = await trips(engine)
     async with engine.connect() as conn, conn.begin():
@@ -62,6 +70,7 @@ async def test_a_transaction_without_statements_costs_no_trip(engine: AsyncEngin
     assert sent == []
 
 
+@one_trip
 async def test_the_held_back_begin_is_sent_a_rollback_undoes_every_statement(engine: AsyncEngine) -> None:
     async with engine.connect() as conn:
         async with conn.begin() as transaction:
@@ -72,6 +81,7 @@ async def test_the_held_back_begin_is_sent_a_rollback_undoes_every_statement(eng
         await conn.commit()
 
 
+@one_trip
 async def test_a_writer_holds_the_write_lock_from_its_first_statement(engine: AsyncEngine, tmp_path: Path) -> None:
     """``BEGIN IMMEDIATE`` still precedes the first statement: another connection cannot write until the
     transaction ends, even when the first statement only reads."""
@@ -90,6 +100,7 @@ async def test_a_writer_holds_the_write_lock_from_its_first_statement(engine: As
         other.close()
 
 
+@one_trip
 async def test_a_failed_first_statement_leaves_the_connection_usable(engine: AsyncEngine) -> None:
     sent = await trips(engine)
     async with engine.connect() as conn:
@@ -102,3 +113,37 @@ async def test_a_failed_first_statement_leaves_the_connection_usable(engine: Asy
             await conn.execute(sa.text("INSERT INTO items (name) VALUES ('after')"))
     async with engine.connect() as conn:
         assert (await conn.execute(sa.text("SELECT name FROM items"))).scalars().all() == ["after"]
+
+
+async def test_a_store_write_does_not_wait_for_the_readers_pool(tmp_path: Path) -> None:
+    """Writes on SQLite have a connection of their own: with every pooled reader connection taken, a write
+    still completes (it used to queue for a pooled connection while holding the store's write lock)."""
+    store = await open_store(f"sqlite:///{tmp_path / 'store.db'}", watchdog=False, pool_size=1)
+    try:
+        async with store.engine.connect() as held:  # the readers' only connection
+            await held.execute(sa.text("SELECT 1"))
+            update = await asyncio.wait_for(store.add_resources({"policy": LLM(endpoint="http://x/v1", model="m")}), 5)
+        assert (await store.get_latest_resources()) == update
+    finally:
+        await store.close()
+
+
+def test_a_frozen_startup_heap_still_collects_what_is_made_later() -> None:
+    """``aio.freeze_startup_heap`` in a process of its own (freezing is for good): what existed is exempt from
+    collection, a reference cycle made afterwards is still collected."""
+    program = """
+import gc, weakref
+from lightning_store import aio
+class Node: pass
+aio.freeze_startup_heap()
+assert gc.get_freeze_count() > 1000, gc.get_freeze_count()
+a, b = Node(), Node()
+a.other, b.other = b, a
+alive = weakref.ref(a)
+del a, b
+gc.collect()
+assert alive() is None
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
