@@ -22,9 +22,9 @@ from lightning_store.settings import TrainerSettings
 
 STARTING_RATE_CEILING = 0.55
 """A held-out Memory-first rate at or above this says the starting model already prefers Memory. The tool namer
-names it first with p = 0.35 (0.348 over 256 seeded samples per validation question). A run measures it on 64
-unseeded rollouts (4 questions x 16), where 0.5 or more comes about once in 110 evaluations (a CI run failed on
-one) and 0.55 or more about once in 2,800; a trained model's 0.8 stays far above either."""
+names it first with p = 0.35 (0.348 over 256 seeded samples per validation question). A run measures it on at
+least 64 unseeded rollouts (4 questions x 16), where 0.5 or more comes about once in 110 evaluations (a CI run
+failed on one) and 0.55 or more about once in 2,800; a trained model's 0.8 stays far above either."""
 
 
 def make_transitions(
