@@ -25,7 +25,7 @@ COMMON: dict[str, Any] = {
     "group_size": 8,
     "kl_beta": 0.04,
     # 4 validation questions x 32 = 128 rollouts per measurement. With 64, a run that truly reaches 0.9 measured
-    # below GRPO's 0.85 about once in ten (a CI run failed at 0.84); with 128, about once in forty.
+    # below GRPO's 0.85 about once in ten (a CI run failed at 0.84); with 128, about once in thirty.
     "eval_repeats": 32,
 }
 
