@@ -78,4 +78,4 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
         # A writer takes the write lock up front: a deferred transaction that reads and then writes can fail
         # with SQLITE_BUSY at once when another process also writes, without waiting for busy_timeout.
         immediate = conn.get_execution_options().get(WRITE_OPTION, False)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+        conn.exec_driver_sql(sqlite_driver.BEGIN_IMMEDIATE if immediate else sqlite_driver.BEGIN)

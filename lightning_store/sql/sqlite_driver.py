@@ -33,9 +33,10 @@ import aiosqlite
 ONE_TRIP = callable(getattr(aiosqlite.Connection, "_execute", None))
 """Whether this aiosqlite release has what :class:`OneTripCursor` needs."""
 
-BEGINS = frozenset({"BEGIN", "BEGIN IMMEDIATE"})
-"""The statements that open the store's transactions (:mod:`lightning_store.sql.engine`); held back until the
-transaction's first statement."""
+BEGIN, BEGIN_IMMEDIATE = "BEGIN", "BEGIN IMMEDIATE"
+"""The statements that open the store's read and write transactions (:mod:`lightning_store.sql.engine`)."""
+BEGINS = frozenset({BEGIN, BEGIN_IMMEDIATE})
+"""Held back until the transaction's first statement."""
 
 _Outcome = tuple[Any, int, int | None, list[Any], bool]
 
