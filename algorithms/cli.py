@@ -162,7 +162,7 @@ def _policy(settings: PolicyServerSettings, model: Path, output: Path) -> Iterat
     from algorithms.serving.local import LocalPolicy
 
     if settings.policy_server == "transformers":
-        with LocalPolicy(model, model_name=model.name) as local:
+        with LocalPolicy(model, model_name=model.name, decode_threads=settings.decode_threads) as local:
             yield local
         return
     from algorithms.serving.vllm import VllmFailed, VllmPolicy

@@ -8,7 +8,6 @@ The three algorithms differ only in :meth:`LightningRL.advantages` (and PPO's va
 
 from __future__ import annotations
 
-import asyncio
 import time
 from abc import abstractmethod
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import Field
 
 from adapters import Transition, TransitionAdapter, credit_assignment
-from algorithms import checkpoints, collect
+from algorithms import checkpoints, collect, tensor_thread
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.session import MetricsLog, TrainingSession
 from lightning_store import aio
@@ -26,6 +25,7 @@ from lightning_store.models import RolloutConfig
 if TYPE_CHECKING:
     import torch
 
+    from algorithms.policy import TrainablePolicy
     from algorithms.trainers import Trainer
     from algorithms.update import Rollouts
 
@@ -103,7 +103,7 @@ class LightningRL(Algorithm):
         c = self.config
         start, checkpoint = checkpoints.resume_point(session.output_dir, session.resume)
         spec = PolicySpec(session.model_dir, c.learning_rate, self.value_head, c.lora, checkpoint)
-        trainer = await asyncio.to_thread(
+        trainer = await tensor_thread.run(
             open_trainer,
             session.trainer,
             spec,
@@ -115,13 +115,13 @@ class LightningRL(Algorithm):
         try:
             return await self._train(session, trainer, start, resumed=checkpoint is not None)
         finally:
-            await asyncio.to_thread(trainer.close)
+            await tensor_thread.run(trainer.close)
 
     async def _train(self, session: TrainingSession, trainer: Trainer, start: int, *, resumed: bool) -> dict[str, Any]:
         c = self.config
         policy = trainer.policy
         if resumed:
-            session.policy.load_state(policy.state_dict(), start)
+            await tensor_thread.run(_serve, session, policy, start)
         store = session.store
         # The store's version of the policy resources is what the proxy stamps on each LLM call: staleness is
         # measured against it (it keeps counting across runs on the same store).
@@ -164,9 +164,9 @@ class LightningRL(Algorithm):
                 if stale:
                     transitions = [t for t, lag in zip(transitions, lags, strict=True) if lag <= c.max_staleness]
                     lags = [lag for lag in lags if lag <= c.max_staleness]
-                metrics = await asyncio.to_thread(self._step, trainer, transitions, adapted.others)
+                metrics = await tensor_thread.run(self._step, trainer, transitions, adapted.others)
                 updated = time.perf_counter()
-                session.policy.load_state(policy.state_dict(), step + 1)
+                await tensor_thread.run(_serve, session, policy, step + 1)
                 published = await store.update_resources(
                     collect.POLICY_RESOURCES_ID, {"main_llm": session.policy.llm()}
                 )
@@ -192,7 +192,7 @@ class LightningRL(Algorithm):
                     metrics |= await self._evaluate(session, step + 1, rollout_config)
                 await log.log(step + 1, metrics)
                 if (c.save_every and (step + 1) % c.save_every == 0) or step + 1 == session.max_steps:
-                    await asyncio.to_thread(checkpoints.save, trainer, session.output_dir, step + 1, c.keep_checkpoints)
+                    await tensor_thread.run(checkpoints.save, trainer, session.output_dir, step + 1, c.keep_checkpoints)
         except BaseException:
             await log.finish(succeeded=False)
             raise
@@ -238,6 +238,11 @@ class LightningRL(Algorithm):
     def update_options(self) -> dict[str, float]:
         """Extra :class:`UpdateSettings` fields of a subclass (PPO's value loss)."""
         return {}
+
+
+def _serve(session: TrainingSession, policy: TrainablePolicy, version: int) -> None:
+    """Hands the policy's weights to the policy server (a copy of every tensor: on the tensor thread)."""
+    session.policy.load_state(policy.state_dict(), version)
 
 
 def _std(values: list[float]) -> float:

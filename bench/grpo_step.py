@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
+from algorithms import tensor_thread
 from algorithms.builtin import GRPO
 from algorithms.local_stack import embedded_store_client, runners
 from algorithms.serving.local import LocalPolicy
@@ -184,10 +185,11 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        model = args.model or build_tool_namer(work / "model")
+        # Both sides do their tensor work on the same one thread (algorithms.tensor_thread explains why).
+        model = args.model or tensor_thread.call(build_tool_namer, work / "model")
         print(f"model {model.name}, {args.prompts}×{args.group} completions of ≤{args.max_tokens} tokens per step")
         mine = aio.run(ours(model, args, work))
-        theirs = trl(model, args, work)
+        theirs = tensor_thread.call(trl, model, args, work)
     middleware = mine["store_proxy_runners"] + mine["adapt"] + mine["publish"]
     print(f"{'':>22} {'s/step':>8} {'mean':>6} {'tokens':>8} {'reward':>7}")
     for name, side in (("ours", mine), ("TRL GRPOTrainer", theirs)):

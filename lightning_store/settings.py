@@ -85,6 +85,12 @@ class PolicyServerSettings(BaseSettings):
         default="transformers",
         description="transformers: the built-in server in the trainer's process; vllm: vLLM in its own virtualenv.",
     )
+    decode_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="Intra-op threads the transformers server decodes with (default: every core but one, left to"
+        " the store and the agents).",
+    )
     vllm_python: str | None = Field(default=None, description="The Python interpreter of the virtualenv with vLLM.")
     vllm_args: str = Field(default="", description="Extra arguments of the vLLM server (split like a shell does).")
     vllm_swap: Literal["auto", "reload", "restart"] = Field(

@@ -32,9 +32,17 @@ class LocalPolicy:
     ``algorithms.session.ServedPolicy``."""
 
     def __init__(
-        self, model_dir: str | Path, *, model_name: str = "policy", port: int | None = None, max_batch_size: int = 64
+        self,
+        model_dir: str | Path,
+        *,
+        model_name: str = "policy",
+        port: int | None = None,
+        max_batch_size: int = 64,
+        decode_threads: int | None = None,
     ) -> None:
-        self.server = PolicyServer(model_dir, model_name=model_name, max_batch_size=max_batch_size)
+        self.server = PolicyServer(
+            model_dir, model_name=model_name, max_batch_size=max_batch_size, decode_threads=decode_threads
+        )
         self.port = port or free_port()
         self._uvicorn = uvicorn.Server(
             uvicorn.Config(self.server.app(), host="127.0.0.1", port=self.port, log_level="warning")

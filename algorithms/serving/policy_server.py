@@ -4,7 +4,8 @@ It answers ``/v1/chat/completions`` and ``/v1/completions`` (streaming too) and,
 ``return_token_ids``, reports the exact token ids: ``prompt_token_ids`` (top level for chat, in the choice for
 completions) and ``choices[i].token_ids``; with ``logprobs`` it reports each sampled token's log-probability
 under the model (log-softmax of the raw logits, before temperature). Concurrent requests are decoded together
-in batches (:mod:`algorithms.serving.batching`) in a worker thread, so the event loop keeps serving;
+in batches (:mod:`algorithms.serving.batching`) on the process's tensor thread
+(:mod:`algorithms.tensor_thread`, where loading and weight swaps run too), so the event loop keeps serving;
 ``swap_weights`` (a checkpoint) and ``load_state`` (weights in memory, from a trainer in the same process) take
 effect between two batches, never during one. Invalid sampling settings get a 400 naming the field.
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import time
 import uuid
@@ -26,14 +28,30 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from algorithms import tensor_thread
 from algorithms.serving.batching import Generation, SamplingError, SamplingRequest, generate_batch
+
+
+def default_decode_threads() -> int:
+    """All cores but one (at least one). The built-in server decodes while the store, the proxy and the agents
+    run on the same machine; a decode using every core would have its OpenMP threads preempted by them, and on a
+    small model each preempted thread stalls the batch (docs/benchmarks.md, eighth round)."""
+    return max(1, (os.cpu_count() or 1) - 1)
 
 
 class PolicyServer:
     """Serves the causal LM in ``model_dir`` under the name ``model_name``, decoding up to ``max_batch_size``
-    requests at once (1: one at a time)."""
+    requests at once (1: one at a time) with ``decode_threads`` intra-op threads (default:
+    :func:`default_decode_threads`; a trainer in the same process keeps every core for its updates)."""
 
-    def __init__(self, model_dir: str | Path, *, model_name: str | None = None, max_batch_size: int = 64) -> None:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        model_name: str | None = None,
+        max_batch_size: int = 64,
+        decode_threads: int | None = None,
+    ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -41,12 +59,15 @@ class PolicyServer:
         self.model_name = model_name or self.model_dir.name
         # transformers' own annotations do not describe generate()'s results well; keep them dynamic here.
         self.tokenizer: Any = AutoTokenizer.from_pretrained(self.model_dir)
-        model: Any = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        model: Any = tensor_thread.call(AutoModelForCausalLM.from_pretrained, self.model_dir, dtype=torch.float32)
         self.model: Any = model.eval()
         self.version = 0
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         self.max_batch_size = max_batch_size
+        if decode_threads is not None and decode_threads < 1:
+            raise ValueError("decode_threads must be at least 1")
+        self.decode_threads = decode_threads or default_decode_threads()
         eos = model.generation_config.eos_token_id
         self.stop_token_ids = {self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
         self.pad_token_id: int = self.tokenizer.pad_token_id
@@ -63,7 +84,7 @@ class PolicyServer:
         """Load a new checkpoint of the same architecture."""
         from transformers import AutoModelForCausalLM
 
-        model: Any = AutoModelForCausalLM.from_pretrained(model_dir)
+        model: Any = tensor_thread.call(AutoModelForCausalLM.from_pretrained, model_dir)
         with self._weights:
             self.model = model.eval()
             self.version += 1
@@ -71,12 +92,12 @@ class PolicyServer:
     def load_state(self, state: Any, version: int | None = None) -> None:
         """Serve these weights (a state dict of the same architecture) from the next generation on."""
         with self._weights:
-            self.model.load_state_dict(state)
+            tensor_thread.call(self.model.load_state_dict, state)
             self.version = self.version + 1 if version is None else version
 
     def decode(self, requests: list[SamplingRequest]) -> list[Generation]:
         """Decode ``requests`` as one batch now, in the calling thread (``generate`` queues them instead)."""
-        with self._weights:
+        with self._weights, tensor_thread.intra_op_threads(self.decode_threads):
             started = time.perf_counter()
             generations = generate_batch(
                 self.model, requests, stop_token_ids=self.stop_token_ids, pad_token_id=self.pad_token_id
@@ -101,7 +122,7 @@ class PolicyServer:
             del self._pending[: len(batch)]
             self.batch_sizes[len(batch)] += 1
             try:
-                results = await asyncio.to_thread(self.decode, [request for request, _ in batch])
+                results = await tensor_thread.run(self.decode, [request for request, _ in batch])
             except Exception as exc:  # the model failed: every request of the batch gets the error
                 for _, future in batch:
                     if not future.done():
