@@ -4,7 +4,8 @@ The prompts of concurrent requests are left-padded into one batch (attention mas
 padding invisible to the model), and each decoding step runs the model once on the newest token of every row,
 reusing the key/value cache. Each row keeps its own sampling settings (temperature, top-p, token limit, seed)
 and stops on its own, at an end-of-sequence token or its limit; finished rows leave the batch (and the cache),
-so a short request does not pay for a long one beside it.
+so a short request does not pay for a long one beside it, and new requests join a running batch between two
+tokens (:class:`Decoder`), so one that arrives just after a batch started does not wait for all of it.
 
 Log-probabilities are those of the raw logits, before temperature and top-p, as vLLM reports them: the
 quantity a trainer recomputes as the behaviour policy's.
@@ -13,7 +14,7 @@ quantity a trainer recomputes as the behaviour policy's.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -75,90 +76,167 @@ def generate_batch(
     model: Any, requests: Sequence[SamplingRequest], *, stop_token_ids: Collection[int], pad_token_id: int
 ) -> list[Generation]:
     """Decode every request to its end; the results are in the order of ``requests``."""
+    decoder = Decoder(model, stop_token_ids, pad_token_id)
+    results: dict[int, Generation] = {}
     with torch.no_grad():
-        return _Decoder(model, requests, stop_token_ids, pad_token_id).run()
+        finished = decoder.admit(list(enumerate(requests)))
+        while True:
+            results.update(finished)
+            if not decoder.rows:
+                break
+            finished = decoder.step()
+    return [results[i] for i in range(len(requests))]
 
 
-class _Decoder:
-    def __init__(
-        self, model: Any, requests: Sequence[SamplingRequest], stop_token_ids: Collection[int], pad_token_id: int
-    ) -> None:
-        self.model, self.requests, self.stop = model, requests, set(stop_token_ids)
-        lengths = [len(r.prompt_token_ids) for r in requests]
+class Decoder:
+    """A batch being decoded that new requests can join between two tokens (continuous batching).
+
+    :meth:`admit` prefills new requests (left-padded among themselves) and merges their key/value cache into the
+    running batch's, left-padding whichever is shorter (the attention mask hides the padding; each row keeps its
+    own positions). :meth:`step` feeds every row its last sampled token. Both return the generations that
+    ended, by the key they were admitted with. Call them under ``torch.no_grad()``.
+    """
+
+    def __init__(self, model: Any, stop_token_ids: Collection[int], pad_token_id: int) -> None:
+        self.model, self.stop, self.pad = model, set(stop_token_ids), pad_token_id
+        self.rows: list[_Row] = []
+        self.cache: Any = None
+        self.attention = torch.zeros((0, 0), dtype=torch.long)
+        self.positions = torch.zeros((0, 1), dtype=torch.long)  # of each row's next token
+        self.next_tokens = torch.zeros((0,), dtype=torch.long)
+
+    def can_join(self) -> bool:
+        """Whether requests can join the running batch: an empty batch, or a cache of plain dynamic layers
+        (other caches, and transformers before 5, decode each admitted batch to its end)."""
+        if not self.rows:
+            return True
+        layers: list[Any] = getattr(self.cache, "layers", None) or []
+        return bool(layers) and all(type(layer).__name__ == "DynamicLayer" for layer in layers)
+
+    def admit(self, requests: Sequence[tuple[Any, SamplingRequest]]) -> dict[Any, Generation]:
+        """Prefill ``(key, request)`` pairs and sample their first tokens; they join the batch."""
+        if not requests:
+            return {}
+        lengths = [len(r.prompt_token_ids) for _, r in requests]
         width = max(lengths)
-        self.input_ids = torch.full((len(requests), width), pad_token_id, dtype=torch.long)
-        self.attention = torch.zeros((len(requests), width), dtype=torch.long)
-        for row, (request, length) in enumerate(zip(requests, lengths, strict=True)):
-            self.input_ids[row, width - length :] = torch.tensor(list(request.prompt_token_ids), dtype=torch.long)
-            self.attention[row, width - length :] = 1
-        self.positions = (self.attention.cumsum(-1) - 1).clamp(min=0)
-        self.active = list(range(len(requests)))  # request index of each row still in the batch
-        self.temperature = torch.tensor([r.temperature for r in requests], dtype=torch.float32)
-        self.top_p = torch.tensor([r.top_p for r in requests], dtype=torch.float32)
-        self.generators = [None if r.seed is None else torch.Generator().manual_seed(r.seed) for r in requests]
-        self.tokens: list[list[int]] = [[] for _ in requests]
-        self.logprobs: list[list[float]] = [[] for _ in requests]
-        self.finish = ["length"] * len(requests)
-
-    def run(self) -> list[Generation]:
+        input_ids = torch.full((len(requests), width), self.pad, dtype=torch.long)
+        attention = torch.zeros((len(requests), width), dtype=torch.long)
+        for row, ((_, request), length) in enumerate(zip(requests, lengths, strict=True)):
+            input_ids[row, width - length :] = torch.tensor(list(request.prompt_token_ids), dtype=torch.long)
+            attention[row, width - length :] = 1
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
         # The prefill: only the last column's logits are sampled from (all of them, [B, L, V], came to 10 GB for
         # 128 few-shot prompts of SmolLM2).
         out = self.model(
-            input_ids=self.input_ids,
+            input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
+        )
+        new_rows = [_Row(key, request) for key, request in requests]
+        if self.rows:
+            self._merge(out.past_key_values, attention, new_rows)
+        else:
+            self.cache, self.attention, self.rows = out.past_key_values, attention, new_rows
+        self.positions = torch.cat([self.positions[: len(self.rows) - len(new_rows)], positions[:, -1:]])
+        self.next_tokens = torch.cat([self.next_tokens, torch.zeros(len(new_rows), dtype=torch.long)])
+        first = len(self.rows) - len(new_rows)
+        return self._sample_and_retire(out.logits[:, -1, :].float(), range(first, len(self.rows)))
+
+    def step(self) -> dict[Any, Generation]:
+        """One token for every row of the batch."""
+        self.attention = torch.cat([self.attention, torch.ones((len(self.rows), 1), dtype=torch.long)], dim=1)
+        self.positions = self.positions + 1
+        out = self.model(
+            input_ids=self.next_tokens[:, None],
             attention_mask=self.attention,
             position_ids=self.positions,
+            past_key_values=self.cache,
             use_cache=True,
-            logits_to_keep=1,
         )
-        cache, positions = out.past_key_values, self.positions[:, -1:] + 1
-        while True:
-            logits = out.logits[:, -1, :].float()
-            chosen = self._sample(logits)
-            chosen_logprobs = torch.log_softmax(logits, dim=-1).gather(1, chosen[:, None]).squeeze(1)
-            keep = []
-            for row, index in enumerate(self.active):
-                token = int(chosen[row])
-                self.tokens[index].append(token)
-                self.logprobs[index].append(float(chosen_logprobs[row]))
-                if token in self.stop:
-                    self.finish[index] = "stop"
-                elif len(self.tokens[index]) < self.requests[index].max_tokens:
-                    keep.append(row)
-            if not keep:
-                break
-            if len(keep) < len(self.active):  # drop the finished rows from every per-row tensor and the cache
-                rows = torch.tensor(keep)
-                cache.batch_select_indices(rows)
-                self.attention, positions, chosen = self.attention[rows], positions[rows], chosen[rows]
-                self.temperature, self.top_p = self.temperature[rows], self.top_p[rows]
-                self.active = [self.active[row] for row in keep]
-            self.attention = torch.cat([self.attention, torch.ones((len(self.active), 1), dtype=torch.long)], dim=1)
-            out = self.model(
-                input_ids=chosen[:, None],
-                attention_mask=self.attention,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=True,
-            )
-            cache, positions = out.past_key_values, positions + 1
-        return [
-            Generation(list(r.prompt_token_ids), self.tokens[i], self.logprobs[i], self.finish[i])
-            for i, r in enumerate(self.requests)
-        ]
+        self.cache = out.past_key_values
+        return self._sample_and_retire(out.logits[:, -1, :].float(), range(len(self.rows)))
 
-    def _sample(self, logits: torch.Tensor) -> torch.Tensor:
-        """One token per row: greedy where the temperature is 0, else from softmax(logits / T) cut to top-p."""
-        probs = torch.softmax(logits / self.temperature.clamp(min=1e-6)[:, None], dim=-1)
-        order = None
-        if bool((self.top_p < 1).any()):
-            probs, order = probs.sort(dim=-1, descending=True)
-            # keep the smallest prefix whose mass reaches top_p (the first token always stays)
-            probs = probs * ((probs.cumsum(-1) - probs) < self.top_p[:, None])
-        chosen = []
-        for row, index in enumerate(self.active):
-            if self.requests[index].temperature == 0:
-                chosen.append(int(logits[row].argmax()))
+    def _merge(self, cache: Any, attention: torch.Tensor, new_rows: list[_Row]) -> None:
+        """Appends prefilled rows to the batch: both caches (and masks) left-padded to the longer one."""
+        width = max(self.attention.shape[1], attention.shape[1])
+        for old, new in zip(self.cache.layers, cache.layers, strict=True):
+            old.keys, new_keys = _left_pad(old.keys, width, dim=2), _left_pad(new.keys, width, dim=2)
+            old.values, new_values = _left_pad(old.values, width, dim=2), _left_pad(new.values, width, dim=2)
+            old.keys, old.values = torch.cat([old.keys, new_keys]), torch.cat([old.values, new_values])
+        self.attention = torch.cat([_left_pad(self.attention, width, dim=1), _left_pad(attention, width, dim=1)])
+        self.rows = [*self.rows, *new_rows]
+
+    def _sample_and_retire(self, logits: torch.Tensor, rows: range) -> dict[Any, Generation]:
+        """Samples a token for ``rows`` (indices into the batch; ``logits`` has one line per row in ``rows``),
+        then drops every row that ended from the batch and its cache; the generations that ended."""
+        requests = [self.rows[i].request for i in rows]
+        chosen = _sample(logits, requests, [self.rows[i].generator for i in rows])
+        chosen_logprobs = torch.log_softmax(logits, dim=-1).gather(1, chosen[:, None]).squeeze(1)
+        ended: dict[Any, Generation] = {}
+        for offset, index in enumerate(rows):
+            row, token = self.rows[index], int(chosen[offset])
+            row.tokens.append(token)
+            row.logprobs.append(float(chosen_logprobs[offset]))
+            if token in self.stop:
+                row.finish = "stop"
+            elif len(row.tokens) < row.request.max_tokens:
                 continue
-            pick = int(torch.multinomial(probs[row], 1, generator=self.generators[index]))
-            chosen.append(pick if order is None else int(order[row, pick]))
-        return torch.tensor(chosen, dtype=torch.long)
+            ended[row.key] = Generation(list(row.request.prompt_token_ids), row.tokens, row.logprobs, row.finish)
+        self.next_tokens[rows.start : rows.stop] = chosen
+        if ended:
+            keep = [i for i, row in enumerate(self.rows) if row.key not in ended]
+            self.rows = [self.rows[i] for i in keep]
+            if not keep:
+                self.cache = None
+                self.attention = torch.zeros((0, 0), dtype=torch.long)
+                self.positions = torch.zeros((0, 1), dtype=torch.long)
+                self.next_tokens = torch.zeros((0,), dtype=torch.long)
+            else:
+                kept = torch.tensor(keep)
+                self.cache.batch_select_indices(kept)
+                self.attention, self.positions = self.attention[kept], self.positions[kept]
+                self.next_tokens = self.next_tokens[kept]
+        return ended
+
+
+@dataclass
+class _Row:
+    key: Any
+    request: SamplingRequest
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: str = "length"
+    generator: torch.Generator | None = None
+
+    def __post_init__(self) -> None:
+        if self.request.seed is not None:
+            self.generator = torch.Generator().manual_seed(self.request.seed)
+
+
+def _left_pad(tensor: torch.Tensor, width: int, *, dim: int) -> torch.Tensor:
+    missing = width - tensor.shape[dim]
+    if missing <= 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+def _sample(
+    logits: torch.Tensor, requests: Sequence[SamplingRequest], generators: Sequence[torch.Generator | None]
+) -> torch.Tensor:
+    """One token per row: greedy where the temperature is 0, else from softmax(logits / T) cut to top-p."""
+    temperature = torch.tensor([r.temperature for r in requests], dtype=torch.float32)
+    top_p = torch.tensor([r.top_p for r in requests], dtype=torch.float32)
+    probs = torch.softmax(logits / temperature.clamp(min=1e-6)[:, None], dim=-1)
+    order = None
+    if bool((top_p < 1).any()):
+        probs, order = probs.sort(dim=-1, descending=True)
+        # keep the smallest prefix whose mass reaches top_p (the first token always stays)
+        probs = probs * ((probs.cumsum(-1) - probs) < top_p[:, None])
+    chosen = []
+    for row, request in enumerate(requests):
+        if request.temperature == 0:
+            chosen.append(int(logits[row].argmax()))
+            continue
+        pick = int(torch.multinomial(probs[row], 1, generator=generators[row]))
+        chosen.append(pick if order is None else int(order[row, pick]))
+    return torch.tensor(chosen, dtype=torch.long)

@@ -3,11 +3,13 @@
 It answers ``/v1/chat/completions`` and ``/v1/completions`` (streaming too) and, like vLLM with
 ``return_token_ids``, reports the exact token ids: ``prompt_token_ids`` (top level for chat, in the choice for
 completions) and ``choices[i].token_ids``; with ``logprobs`` it reports each sampled token's log-probability
-under the model (log-softmax of the raw logits, before temperature). Concurrent requests are decoded together
-in batches (:mod:`algorithms.serving.batching`) on the process's tensor thread
-(:mod:`algorithms.tensor_thread`, where loading and weight swaps run too), so the event loop keeps serving;
-``swap_weights`` (a checkpoint) and ``load_state`` (weights in memory, from a trainer in the same process) take
-effect between two batches, never during one. Invalid sampling settings get a 400 naming the field.
+under the model (log-softmax of the raw logits, before temperature). Concurrent requests are decoded together,
+a request joining the running batch before its next token (:mod:`algorithms.serving.batching`), on the
+process's tensor thread (:mod:`algorithms.tensor_thread`, where loading and weight swaps run too) in slices, so
+the event loop keeps serving and a trainer's update in the same process takes turns with decoding.
+``swap_weights`` (a checkpoint) and ``load_state`` (weights in memory, from a trainer in the same process) apply
+to the generations admitted after them, never to one already running. Invalid sampling settings get a 400
+naming the field.
 
 Not supported (refused or ignored as noted): ``n`` > 1 (400), ``stop`` strings (ignored), tool-call parsing.
 """
@@ -17,19 +19,22 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import threading
 import time
 import uuid
-from collections import Counter
-from collections.abc import AsyncIterator
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from algorithms import tensor_thread
-from algorithms.serving.batching import Generation, SamplingError, SamplingRequest, generate_batch
+from algorithms.serving.batching import Decoder, Generation, SamplingError, SamplingRequest, generate_batch
+
+SLICE_SECONDS = 0.05
+"""How long decoding holds the tensor thread before other tensor work may take a turn."""
 
 
 def default_decode_threads() -> int:
@@ -52,7 +57,6 @@ class PolicyServer:
         max_batch_size: int = 64,
         decode_threads: int | None = None,
     ) -> None:
-        import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.model_dir = Path(model_dir)
@@ -73,31 +77,62 @@ class PolicyServer:
         self.pad_token_id: int = self.tokenizer.pad_token_id
         if self.pad_token_id is None:
             self.pad_token_id = self.tokenizer.eos_token_id
-        self.batch_sizes: Counter[int] = Counter()  # how many batches of each size were decoded
+        self.batch_sizes: Counter[int] = Counter()  # requests admitted together (one prefill), by count
         self.decode_seconds = 0.0  # wall time spent decoding, all batches together (what the model cost)
         self.generated_tokens = 0  # tokens sampled, all batches together
-        self._pending: list[tuple[SamplingRequest, asyncio.Future[Generation]]] = []
-        self._decoding: asyncio.Task[None] | None = None
-        self._weights = threading.Lock()  # held by a batch and by a weight swap (which come from other threads)
+        # Appended to by the event loop, taken from by the tensor thread (deque operations are atomic).
+        self._pending: deque[tuple[SamplingRequest, asyncio.Future[Generation]]] = deque()
+        self._decoder = Decoder(self.model, self.stop_token_ids, self.pad_token_id)  # the tensor thread's
+        self._staged: list[Callable[[], None]] = []  # weight changes waiting for the running batch to end
+        self._driving: asyncio.Task[None] | None = None
+
+    @property
+    def running(self) -> int:
+        """Requests in the running batch (being decoded now)."""
+        return len(self._decoder.rows)
 
     def swap_weights(self, model_dir: str | Path) -> None:
-        """Load a new checkpoint of the same architecture."""
+        """Serve a new checkpoint of the same architecture from the next admitted generation on."""
         from transformers import AutoModelForCausalLM
 
         model: Any = tensor_thread.call(AutoModelForCausalLM.from_pretrained, model_dir)
-        with self._weights:
-            self.model = model.eval()
+
+        def apply() -> None:
+            self.model = self._decoder.model = model.eval()
             self.version += 1
 
+        tensor_thread.call(self._change_weights, apply)
+
     def load_state(self, state: Any, version: int | None = None) -> None:
-        """Serve these weights (a state dict of the same architecture) from the next generation on."""
-        with self._weights:
-            tensor_thread.call(self.model.load_state_dict, state)
+        """Serve these weights (a state dict of the same architecture) from the next admitted generation on.
+
+        With no generation running (a synchronous training step) they are loaded before this returns; otherwise
+        the running batch admits nobody new, ends on the old weights, and the new ones are loaded then: a
+        generation never mixes two versions. ``state`` must not change afterwards (a trainer passes a copy)."""
+
+        def apply() -> None:
+            self.model.load_state_dict(state)
             self.version = self.version + 1 if version is None else version
 
+        tensor_thread.call(self._change_weights, apply)
+
+    def _change_weights(self, apply: Callable[[], None]) -> None:
+        self._staged.append(apply)
+        if not self._decoder.rows:
+            self._apply_staged()
+
+    def _apply_staged(self) -> None:
+        while self._staged:
+            self._staged.pop(0)()
+
     def decode(self, requests: list[SamplingRequest]) -> list[Generation]:
-        """Decode ``requests`` as one batch now, in the calling thread (``generate`` queues them instead)."""
-        with self._weights, tensor_thread.intra_op_threads(self.decode_threads):
+        """Decode ``requests`` as one batch now, on the tensor thread (``generate`` queues them instead)."""
+        return tensor_thread.call(self._decode_now, requests)
+
+    def _decode_now(self, requests: list[SamplingRequest]) -> list[Generation]:
+        if not self._decoder.rows:
+            self._apply_staged()
+        with tensor_thread.intra_op_threads(self.decode_threads):
             started = time.perf_counter()
             generations = generate_batch(
                 self.model, requests, stop_token_ids=self.stop_token_ids, pad_token_id=self.pad_token_id
@@ -107,30 +142,52 @@ class PolicyServer:
             return generations
 
     async def generate(self, request: SamplingRequest) -> Generation:
-        """Queue ``request``; it is decoded in the next batch, with every other request waiting by then."""
+        """Queue ``request``; it joins the running batch before its next token (or starts one)."""
         future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
         self._pending.append((request, future))
-        if self._decoding is None or self._decoding.done():
-            self._decoding = asyncio.create_task(self._decode_pending())
+        if self._driving is None or self._driving.done():
+            self._driving = asyncio.create_task(self._drive())
         return await future
 
-    async def _decode_pending(self) -> None:
-        # Requests that arrive while a batch decodes wait for the next one: a lone request starts at once, and
-        # under load the batch grows to whatever queued, up to max_batch_size.
-        while self._pending:
-            batch = self._pending[: self.max_batch_size]
-            del self._pending[: len(batch)]
-            self.batch_sizes[len(batch)] += 1
-            try:
-                results = await tensor_thread.run(self.decode, [request for request, _ in batch])
-            except Exception as exc:  # the model failed: every request of the batch gets the error
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
-            for (_, future), result in zip(batch, results, strict=True):
-                if not future.done():  # a client that went away cancelled its future
-                    future.set_result(result)
+    async def _drive(self) -> None:
+        # Decoding runs in slices on the tensor thread, so that other tensor work (a trainer's update in the same
+        # process) takes turns with it; between slices the event loop takes new requests.
+        loop = asyncio.get_running_loop()
+        while self._pending or self._decoder.rows:
+            await tensor_thread.run(self._decode_slice, loop)
+
+    def _decode_slice(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Admits what is pending (room and weights permitting) and decodes tokens for up to SLICE_SECONDS."""
+        decoder, started = self._decoder, time.perf_counter()
+        joining: list[tuple[asyncio.Future[Generation], SamplingRequest]] = []
+        try:
+            with torch.no_grad(), tensor_thread.intra_op_threads(self.decode_threads):
+                while time.perf_counter() - started < SLICE_SECONDS:
+                    if not decoder.rows:
+                        self._apply_staged()
+                    joining = []
+                    if not self._staged and decoder.can_join():
+                        while self._pending and len(decoder.rows) + len(joining) < self.max_batch_size:
+                            request, future = self._pending.popleft()
+                            joining.append((future, request))
+                    if joining:
+                        self.batch_sizes[len(joining)] += 1
+                        self._deliver(loop, decoder.admit(joining))
+                        joining = []
+                    if not decoder.rows:
+                        break
+                    self._deliver(loop, decoder.step())
+        except Exception as exc:  # the model failed: every request in the batch, or joining it, gets the error
+            for future in [*(row.key for row in decoder.rows), *(future for future, _ in joining)]:
+                loop.call_soon_threadsafe(_settle, future, None, exc)
+            self._decoder = Decoder(self.model, self.stop_token_ids, self.pad_token_id)
+        finally:
+            self.decode_seconds += time.perf_counter() - started
+
+    def _deliver(self, loop: asyncio.AbstractEventLoop, ended: dict[Any, Generation]) -> None:
+        for future, generation in ended.items():
+            self.generated_tokens += len(generation.token_ids)
+            loop.call_soon_threadsafe(_settle, future, generation, None)
 
     def text(self, token_ids: list[int]) -> str:
         return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
@@ -287,3 +344,12 @@ async def _json_object(request: Request) -> dict[str, Any] | JSONResponse:
     except ValueError:
         return _bad_request("the body is not valid JSON", "body")
     return body if isinstance(body, dict) else _bad_request("the body must be a JSON object", "body")
+
+
+def _settle(future: asyncio.Future[Generation], generation: Generation | None, error: Exception | None) -> None:
+    if future.done():  # a client that went away cancelled its future
+        return
+    if error is not None:
+        future.set_exception(error)
+    elif generation is not None:
+        future.set_result(generation)

@@ -1,9 +1,11 @@
-"""The built-in policy server over real HTTP: concurrent requests are decoded in one batch, and batching changes
-nothing a client can see (token ids, log-probabilities, seeded samples, token limits); bad settings get a 400."""
+"""The built-in policy server over real HTTP: concurrent requests are decoded in one batch, a request joins a
+running batch, and batching changes nothing a client can see (token ids, log-probabilities, seeded samples,
+token limits); new weights never reach a generation already running; bad settings get a 400."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +42,13 @@ async def ask_all(server: PolicyServer, bodies: list[dict[str, Any]]) -> list[di
     return [r.json() for r in responses]
 
 
-def teacher_forced_logprobs(server: PolicyServer, prompt: list[int], tokens: list[int]) -> list[float]:
-    """The tokens' log-probabilities from one unpadded forward pass over prompt + tokens."""
+def teacher_forced_logprobs(
+    server: PolicyServer, prompt: list[int], tokens: list[int], model: Any = None
+) -> list[float]:
+    """The tokens' log-probabilities from one unpadded forward pass over prompt + tokens (by ``model``, default
+    the server's)."""
     with torch.no_grad():
-        logits = server.model(input_ids=torch.tensor([prompt + tokens])).logits[0].float()
+        logits = (model or server.model)(input_ids=torch.tensor([prompt + tokens])).logits[0].float()
     logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
     return [float(logprobs[i, token]) for i, token in enumerate(tokens)]
 
@@ -98,6 +103,62 @@ async def test_temperature_zero_is_greedy_like_transformers_generate(model_dir: 
                 pad_token_id=server.pad_token_id,
             )
         assert answer["choices"][0]["token_ids"] == greedy[0, prompt.shape[1] :].tolist()
+
+
+async def started(server: PolicyServer) -> None:
+    for _ in range(2000):
+        if server.running:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("the request never started")
+
+
+async def test_a_request_joins_the_running_batch_between_two_tokens(model_dir: Path) -> None:
+    server = PolicyServer(model_dir, model_name="tiny")
+    long = chat(QUESTIONS[0], max_tokens=300, temperature=0)  # the tiny model's greedy reply runs to the limit
+    (alone,) = await ask_all(server, [long])
+    shorts = [chat(q, max_tokens=3, seed=i) for i, q in enumerate(QUESTIONS)]
+    async with serve_app(server.app()) as url, httpx.AsyncClient(base_url=url, timeout=60) as client:
+        first = asyncio.ensure_future(client.post("/v1/chat/completions", json=long))
+        await started(server)
+        replies = await asyncio.gather(*(client.post("/v1/chat/completions", json=body) for body in shorts))
+        assert not first.done(), "the short requests waited for the long one to end"
+        together = (await first).json()["choices"][0]
+    assert len(alone["choices"][0]["token_ids"]) == 300
+    assert together["token_ids"] == alone["choices"][0]["token_ids"]
+    for reply in (r.json() for r in replies):
+        tokens = reply["choices"][0]["token_ids"]
+        reported = [entry["logprob"] for entry in reply["choices"][0]["logprobs"]["content"]]
+        assert reported == pytest.approx(teacher_forced_logprobs(server, reply["prompt_token_ids"], tokens), abs=1e-4)
+
+
+async def test_new_weights_wait_for_the_running_generation_and_serve_the_next(model_dir: Path) -> None:
+    server = PolicyServer(model_dir, model_name="tiny")
+    long = chat(QUESTIONS[0], max_tokens=300, temperature=0)
+    (before,) = await ask_all(server, [long])
+    generator = torch.Generator().manual_seed(0)
+    state = {
+        name: value + 0.05 * torch.randn(value.shape, generator=generator) if value.is_floating_point() else value
+        for name, value in server.model.state_dict().items()
+    }
+    later = chat(QUESTIONS[1], max_tokens=5, seed=3)
+    original = copy.deepcopy(server.model)
+    async with serve_app(server.app()) as url, httpx.AsyncClient(base_url=url, timeout=60) as client:
+        first = asyncio.ensure_future(client.post("/v1/chat/completions", json=long))
+        await started(server)
+        await asyncio.to_thread(server.load_state, state, 7)  # returns at once: applied when the batch ends
+        assert not first.done() and server.version == 0
+        after = (await client.post("/v1/chat/completions", json=later)).json()
+        running = (await first).json()["choices"][0]
+    assert server.version == 7
+    assert running["token_ids"] == before["choices"][0]["token_ids"]  # all of it on the old weights
+    reported = [entry["logprob"] for entry in running["logprobs"]["content"]]
+    expected = teacher_forced_logprobs(server, before["prompt_token_ids"], running["token_ids"], original)
+    assert reported == pytest.approx(expected, abs=1e-4)
+    tokens, prompt = after["choices"][0]["token_ids"], after["prompt_token_ids"]
+    reported = [entry["logprob"] for entry in after["choices"][0]["logprobs"]["content"]]
+    assert reported == pytest.approx(teacher_forced_logprobs(server, prompt, tokens), abs=1e-4)
+    assert reported != pytest.approx(teacher_forced_logprobs(server, prompt, tokens, original), abs=1e-4)
 
 
 async def test_max_batch_size_one_decodes_one_request_at_a_time(model_dir: Path) -> None:
