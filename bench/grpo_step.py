@@ -67,7 +67,7 @@ async def ours(model: Path, args: argparse.Namespace, work: Path) -> dict[str, f
                 concurrency=args.concurrency,
                 log=work / "runner.log",
             ),
-            LocalPolicy(model, model_name="policy") as policy,
+            LocalPolicy(model, model_name="policy", decode_threads=args.decode_threads) as policy,
         ):
             session = TrainingSession(
                 store=store,
@@ -177,6 +177,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16, help="Longest completion.")
     parser.add_argument("--workers", type=int, default=4, help="Our runner worker processes.")
     parser.add_argument("--concurrency", type=int, default=1, help="Attempts each of our workers runs at once.")
+    parser.add_argument(
+        "--decode-threads", type=int, help="Threads our policy server decodes with (default: every core)."
+    )
     parser.add_argument(
         "--asynchronous",
         action="store_true",

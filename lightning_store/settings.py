@@ -88,8 +88,7 @@ class PolicyServerSettings(BaseSettings):
     decode_threads: int | None = Field(
         default=None,
         ge=1,
-        description="Intra-op threads the transformers server decodes with (default: every core but one, left to"
-        " the store and the agents).",
+        description="Intra-op threads the transformers server decodes with (default: every core).",
     )
     vllm_python: str | None = Field(default=None, description="The Python interpreter of the virtualenv with vLLM.")
     vllm_args: str = Field(default="", description="Extra arguments of the vLLM server (split like a shell does).")

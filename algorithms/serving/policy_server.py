@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 import uuid
 from collections import Counter, deque
@@ -37,17 +36,13 @@ SLICE_SECONDS = 0.05
 """How long decoding holds the tensor thread before other tensor work may take a turn."""
 
 
-def default_decode_threads() -> int:
-    """All cores but one (at least one). The built-in server decodes while the store, the proxy and the agents
-    run on the same machine; a decode using every core would have its OpenMP threads preempted by them, and on a
-    small model each preempted thread stalls the batch (docs/benchmarks.md, eighth round)."""
-    return max(1, (os.cpu_count() or 1) - 1)
-
-
 class PolicyServer:
     """Serves the causal LM in ``model_dir`` under the name ``model_name``, decoding up to ``max_batch_size``
-    requests at once (1: one at a time) with ``decode_threads`` intra-op threads (default:
-    :func:`default_decode_threads`; a trainer in the same process keeps every core for its updates)."""
+    requests at once (1: one at a time) with ``decode_threads`` intra-op threads (default: torch's, every core).
+
+    Fewer decode threads than cores pay off where the model is tiny and the store, the proxy and the agents
+    share the machine: on 2 cores the tiny flight model's GRPO step decoded in 0.31 s with 1 thread and 0.37 s
+    with 2, while SmolLM2-135M's took 13-15 s with 1 and 11-12 s with 2 (docs/benchmarks.md, eighth round)."""
 
     def __init__(
         self,
@@ -71,7 +66,7 @@ class PolicyServer:
         self.max_batch_size = max_batch_size
         if decode_threads is not None and decode_threads < 1:
             raise ValueError("decode_threads must be at least 1")
-        self.decode_threads = decode_threads or default_decode_threads()
+        self.decode_threads = decode_threads
         eos = model.generation_config.eos_token_id
         self.stop_token_ids = {self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
         self.pad_token_id: int = self.tokenizer.pad_token_id
