@@ -99,11 +99,14 @@ class Decoder:
 
     def __init__(self, model: Any, stop_token_ids: Collection[int], pad_token_id: int) -> None:
         self.model, self.stop, self.pad = model, set(stop_token_ids), pad_token_id
+        self._empty()
+
+    def _empty(self) -> None:
         self.rows: list[_Row] = []
         self.cache: Any = None
         self.attention = torch.zeros((0, 0), dtype=torch.long)
-        self.positions = torch.zeros((0, 1), dtype=torch.long)  # of each row's next token
-        self.next_tokens = torch.zeros((0,), dtype=torch.long)
+        self.positions = torch.zeros((0, 1), dtype=torch.long)  # of each row's last fed token
+        self.next_tokens = torch.zeros((0,), dtype=torch.long)  # each row's sampled token, fed by the next step
 
     def can_join(self) -> bool:
         """Whether requests can join the running batch: an empty batch, or a cache of plain dynamic layers
@@ -135,9 +138,9 @@ class Decoder:
             self._merge(out.past_key_values, attention, new_rows)
         else:
             self.cache, self.attention, self.rows = out.past_key_values, attention, new_rows
-        self.positions = torch.cat([self.positions[: len(self.rows) - len(new_rows)], positions[:, -1:]])
-        self.next_tokens = torch.cat([self.next_tokens, torch.zeros(len(new_rows), dtype=torch.long)])
         first = len(self.rows) - len(new_rows)
+        self.positions = torch.cat([self.positions, positions[:, -1:]])
+        self.next_tokens = torch.cat([self.next_tokens, torch.zeros(len(new_rows), dtype=torch.long)])
         return self._sample_and_retire(out.logits[:, -1, :].float(), range(first, len(self.rows)))
 
     def step(self) -> dict[Any, Generation]:
@@ -183,13 +186,10 @@ class Decoder:
         self.next_tokens[rows.start : rows.stop] = chosen
         if ended:
             keep = [i for i, row in enumerate(self.rows) if row.key not in ended]
-            self.rows = [self.rows[i] for i in keep]
             if not keep:
-                self.cache = None
-                self.attention = torch.zeros((0, 0), dtype=torch.long)
-                self.positions = torch.zeros((0, 1), dtype=torch.long)
-                self.next_tokens = torch.zeros((0,), dtype=torch.long)
+                self._empty()
             else:
+                self.rows = [self.rows[i] for i in keep]
                 kept = torch.tensor(keep)
                 self.cache.batch_select_indices(kept)
                 self.attention, self.positions = self.attention[kept], self.positions[kept]

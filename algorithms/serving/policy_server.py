@@ -41,7 +41,7 @@ class PolicyServer:
     requests at once (1: one at a time) with ``decode_threads`` intra-op threads (default: torch's, every core).
 
     Fewer decode threads than cores pay off where the model is tiny and the store, the proxy and the agents
-    share the machine: on 2 cores the tiny flight model's GRPO step decoded in 0.31 s with 1 thread and 0.37 s
+    share the machine: on 2 cores the tiny flight model's GRPO step decoded in 0.26 s with 1 thread and 0.54 s
     with 2, while SmolLM2-135M's took 13-15 s with 1 and 11-12 s with 2 (docs/benchmarks.md, eighth round)."""
 
     def __init__(
@@ -113,11 +113,11 @@ class PolicyServer:
 
     def _change_weights(self, apply: Callable[[], None]) -> None:
         self._staged.append(apply)
-        if not self._decoder.rows:
-            self._apply_staged()
+        self._apply_staged_if_idle()
 
-    def _apply_staged(self) -> None:
-        while self._staged:
+    def _apply_staged_if_idle(self) -> None:
+        """Applies the staged weight changes, in order, unless a batch is running (it ends on its weights)."""
+        while self._staged and not self._decoder.rows:
             self._staged.pop(0)()
 
     def decode(self, requests: list[SamplingRequest]) -> list[Generation]:
@@ -125,8 +125,7 @@ class PolicyServer:
         return tensor_thread.call(self._decode_now, requests)
 
     def _decode_now(self, requests: list[SamplingRequest]) -> list[Generation]:
-        if not self._decoder.rows:
-            self._apply_staged()
+        self._apply_staged_if_idle()
         with tensor_thread.intra_op_threads(self.decode_threads):
             started = time.perf_counter()
             generations = generate_batch(
@@ -158,9 +157,7 @@ class PolicyServer:
         try:
             with torch.no_grad(), tensor_thread.intra_op_threads(self.decode_threads):
                 while time.perf_counter() - started < SLICE_SECONDS:
-                    if not decoder.rows:
-                        self._apply_staged()
-                    joining = []
+                    self._apply_staged_if_idle()
                     if not self._staged and decoder.can_join():
                         while self._pending and len(decoder.rows) + len(joining) < self.max_batch_size:
                             request, future = self._pending.popleft()
