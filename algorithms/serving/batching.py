@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
+
+from algorithms.serving.prompt_cache import PrefilledPrompt, Prompt, PromptCache, stack
 
 
 class SamplingError(ValueError):
@@ -97,8 +99,13 @@ class Decoder:
     ended, by the key they were admitted with. Call them under ``torch.no_grad()``.
     """
 
-    def __init__(self, model: Any, stop_token_ids: Collection[int], pad_token_id: int) -> None:
+    def __init__(
+        self, model: Any, stop_token_ids: Collection[int], pad_token_id: int, prompts: PromptCache | None = None
+    ) -> None:
         self.model, self.stop, self.pad = model, set(stop_token_ids), pad_token_id
+        self.prompts = prompts
+        """Where prefilled prompts are reused from (None: every request is prefilled). Its owner clears it when
+        the model's weights change."""
         self._empty()
 
     def _empty(self) -> None:
@@ -111,37 +118,59 @@ class Decoder:
     def can_join(self) -> bool:
         """Whether requests can join the running batch: an empty batch, or a cache of plain dynamic layers
         (other caches, and transformers before 5, decode each admitted batch to its end)."""
-        if not self.rows:
-            return True
-        layers: list[Any] = getattr(self.cache, "layers", None) or []
-        return bool(layers) and all(type(layer).__name__ == "DynamicLayer" for layer in layers)
+        return not self.rows or _plain_dynamic(self.cache)
 
     def admit(self, requests: Sequence[tuple[Any, SamplingRequest]]) -> dict[Any, Generation]:
         """Prefill ``(key, request)`` pairs and sample their first tokens; they join the batch."""
         if not requests:
             return {}
-        lengths = [len(r.prompt_token_ids) for _, r in requests]
-        width = max(lengths)
-        input_ids = torch.full((len(requests), width), self.pad, dtype=torch.long)
-        attention = torch.zeros((len(requests), width), dtype=torch.long)
-        for row, ((_, request), length) in enumerate(zip(requests, lengths, strict=True)):
-            input_ids[row, width - length :] = torch.tensor(list(request.prompt_token_ids), dtype=torch.long)
-            attention[row, width - length :] = 1
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        # The prefill: only the last column's logits are sampled from (all of them, [B, L, V], came to 10 GB for
-        # 128 few-shot prompts of SmolLM2).
-        out = self.model(
-            input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
+        prompts = [tuple(request.prompt_token_ids) for _, request in requests]
+        cache, attention, positions, logits = (
+            self._prefill_cached(prompts) if self.prompts is not None else self._prefill(prompts)
         )
         new_rows = [_Row(key, request) for key, request in requests]
         if self.rows:
-            self._merge(out.past_key_values, attention, new_rows)
+            self._merge(cache, attention, new_rows)
         else:
-            self.cache, self.attention, self.rows = out.past_key_values, attention, new_rows
+            self.cache, self.attention, self.rows = cache, attention, new_rows
         first = len(self.rows) - len(new_rows)
-        self.positions = torch.cat([self.positions, positions[:, -1:]])
+        self.positions = torch.cat([self.positions, positions])
         self.next_tokens = torch.cat([self.next_tokens, torch.zeros(len(new_rows), dtype=torch.long)])
-        return self._sample_and_retire(out.logits[:, -1, :].float(), range(first, len(self.rows)))
+        return self._sample_and_retire(logits, range(first, len(self.rows)))
+
+    def _prefill(self, prompts: Sequence[Prompt]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Run the model on ``prompts``, left-padded into one batch: its key/value cache, attention mask, each
+        row's last position ([B, 1]) and last logits ([B, vocab])."""
+        lengths = [len(prompt) for prompt in prompts]
+        width = max(lengths)
+        input_ids = torch.full((len(prompts), width), self.pad, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, (prompt, length) in enumerate(zip(prompts, lengths, strict=True)):
+            input_ids[row, width - length :] = torch.tensor(prompt, dtype=torch.long)
+            attention[row, width - length :] = 1
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        # Only the last column's logits are sampled from (all of them, [B, L, V], came to 10 GB for 128
+        # few-shot prompts of SmolLM2).
+        out = self.model(
+            input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
+        )
+        return out.past_key_values, attention, positions[:, -1:], out.logits[:, -1, :].float()
+
+    def _prefill_cached(self, prompts: Sequence[Prompt]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`_prefill`, running the model only on the distinct prompts that are not in the prompt cache."""
+        assert self.prompts is not None
+        found = {prompt: self.prompts.get(prompt) for prompt in dict.fromkeys(prompts)}
+        missing = [prompt for prompt, entry in found.items() if entry is None]
+        if missing:
+            prefilled = self._prefill(missing)
+            cache, _, _, logits = prefilled
+            if not _plain_dynamic(cache):
+                self.prompts = None  # other cache layers (sliding windows, transformers 4) are not reused
+                return prefilled if len(missing) == len(prompts) else self._prefill(prompts)
+            for row, prompt in enumerate(missing):
+                found[prompt] = entry = PrefilledPrompt.from_batch(cache, row, len(prompt), logits[row])
+                self.prompts.put(prompt, entry)
+        return stack([cast(PrefilledPrompt, found[prompt]) for prompt in prompts])
 
     def step(self) -> dict[Any, Generation]:
         """One token for every row of the batch."""
@@ -209,6 +238,12 @@ class _Row:
     def __post_init__(self) -> None:
         if self.request.seed is not None:
             self.generator = torch.Generator().manual_seed(self.request.seed)
+
+
+def _plain_dynamic(cache: Any) -> bool:
+    """Whether ``cache`` is made of transformers 5's plain dynamic layers, the ones rows can be merged into."""
+    layers: list[Any] = getattr(cache, "layers", None) or []
+    return bool(layers) and all(type(layer).__name__ == "DynamicLayer" for layer in layers)
 
 
 def _left_pad(tensor: torch.Tensor, width: int, *, dim: int) -> torch.Tensor:

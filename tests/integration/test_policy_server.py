@@ -1,6 +1,7 @@
 """The built-in policy server over real HTTP: concurrent requests are decoded in one batch, a request joins a
-running batch, and batching changes nothing a client can see (token ids, log-probabilities, seeded samples,
-token limits); new weights never reach a generation already running; bad settings get a 400."""
+running batch, a prompt sent many times is prefilled once, and neither changes anything a client can see (token
+ids, log-probabilities, seeded samples, token limits); new weights never reach a generation already running, nor
+reuse a prompt prefilled by the old ones; bad settings get a 400."""
 
 from __future__ import annotations
 
@@ -155,6 +156,43 @@ async def test_new_weights_wait_for_the_running_generation_and_serve_the_next(mo
     reported = [entry["logprob"] for entry in running["logprobs"]["content"]]
     expected = teacher_forced_logprobs(server, before["prompt_token_ids"], running["token_ids"], original)
     assert reported == pytest.approx(expected, abs=1e-4)
+    tokens, prompt = after["choices"][0]["token_ids"], after["prompt_token_ids"]
+    reported = [entry["logprob"] for entry in after["choices"][0]["logprobs"]["content"]]
+    assert reported == pytest.approx(teacher_forced_logprobs(server, prompt, tokens), abs=1e-4)
+    assert reported != pytest.approx(teacher_forced_logprobs(server, prompt, tokens, original), abs=1e-4)
+
+
+async def test_a_prompt_sent_many_times_is_prefilled_once_and_samples_as_if_it_were_not(model_dir: Path) -> None:
+    # A GRPO group: the same prompt G times with different seeds, among other prompts.
+    bodies = [chat(QUESTIONS[i % 2], max_tokens=10, seed=i) for i in range(12)]
+    cached = PolicyServer(model_dir, model_name="tiny")
+    uncached = PolicyServer(model_dir, model_name="tiny", prompt_cache_bytes=0)
+    answers = await ask_all(cached, bodies)
+    assert cached.prompt_cache is not None and uncached.prompt_cache is None
+    assert cached.prompt_cache.misses == 2 and len(cached.prompt_cache) == 2  # one prefill per distinct prompt
+    for answer, reference in zip(answers, await ask_all(uncached, bodies), strict=True):
+        choice, expected = answer["choices"][0], reference["choices"][0]
+        assert choice["token_ids"] == expected["token_ids"]
+        reported = [entry["logprob"] for entry in choice["logprobs"]["content"]]
+        assert reported == pytest.approx([entry["logprob"] for entry in expected["logprobs"]["content"]], abs=1e-5)
+        assert reported == pytest.approx(
+            teacher_forced_logprobs(cached, answer["prompt_token_ids"], choice["token_ids"]), abs=1e-4
+        )
+
+
+async def test_new_weights_prefill_a_cached_prompt_again(model_dir: Path) -> None:
+    server = PolicyServer(model_dir, model_name="tiny")
+    body = chat(QUESTIONS[2], max_tokens=6, seed=5)
+    original = copy.deepcopy(server.model)
+    await ask_all(server, [body])
+    generator = torch.Generator().manual_seed(1)
+    state = {
+        name: value + 0.05 * torch.randn(value.shape, generator=generator) if value.is_floating_point() else value
+        for name, value in server.model.state_dict().items()
+    }
+    await asyncio.to_thread(server.load_state, state)
+    (after,) = await ask_all(server, [body])
+    assert server.prompt_cache is not None and server.prompt_cache.misses == 2
     tokens, prompt = after["choices"][0]["token_ids"], after["prompt_token_ids"]
     reported = [entry["logprob"] for entry in after["choices"][0]["logprobs"]["content"]]
     assert reported == pytest.approx(teacher_forced_logprobs(server, prompt, tokens), abs=1e-4)

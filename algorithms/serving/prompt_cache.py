@@ -1,0 +1,115 @@
+"""Prefilled prompts kept for reuse, so that a prompt sent many times is prefilled once.
+
+GRPO samples G completions of every prompt: without reuse the policy server would prefill each prompt G times
+(vLLM avoids the same waste with its automatic prefix caching; this is its whole-prompt case). An entry holds what
+prefilling a prompt yields: every layer's keys and values and the logits at its last position, from which each
+request then samples its own first token. Entries are valid only for the weights that computed them, so the
+server clears the cache whenever its weights change. The least recently used entries are dropped once the
+entries together exceed ``max_bytes``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+Prompt = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PrefilledPrompt:
+    """One prompt's prefill: per layer, keys and values of shape [heads, length, head_dim]; ``logits`` [vocab]."""
+
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+    logits: torch.Tensor
+
+    @classmethod
+    def from_batch(cls, cache: Any, row: int, length: int, logits: torch.Tensor) -> PrefilledPrompt:
+        """Row ``row`` of a left-padded batch's cache (its last ``length`` positions), copied out of the batch's
+        tensors so that keeping the entry does not keep the whole batch."""
+        keys = tuple(layer.keys[row, :, -length:].clone() for layer in cache.layers)
+        values = tuple(layer.values[row, :, -length:].clone() for layer in cache.layers)
+        return cls(keys, values, logits.clone())
+
+    @property
+    def length(self) -> int:
+        return int(self.keys[0].shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [*self.keys, *self.values, self.logits]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class PromptCache:
+    """Prefilled prompts by token ids, least recently used dropped first beyond ``max_bytes``."""
+
+    def __init__(self, max_bytes: int) -> None:
+        if max_bytes < 0:
+            raise ValueError("max_bytes must not be negative")
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self.hits = 0
+        self.misses = 0
+        self._entries: OrderedDict[Prompt, PrefilledPrompt] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, prompt: Prompt) -> PrefilledPrompt | None:
+        entry = self._entries.get(prompt)
+        if entry is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._entries.move_to_end(prompt)
+        return entry
+
+    def put(self, prompt: Prompt, entry: PrefilledPrompt) -> None:
+        """Keep ``entry`` (not if it alone exceeds the budget), dropping the least recently used beyond it."""
+        if entry.nbytes > self.max_bytes:
+            return
+        if (old := self._entries.pop(prompt, None)) is not None:
+            self.nbytes -= old.nbytes
+        self._entries[prompt] = entry
+        self.nbytes += entry.nbytes
+        while self.nbytes > self.max_bytes:
+            _, dropped = self._entries.popitem(last=False)
+            self.nbytes -= dropped.nbytes
+
+    def clear(self) -> None:
+        """Forget every entry (the weights changed)."""
+        self._entries.clear()
+        self.nbytes = 0
+
+
+def stack(entries: Sequence[PrefilledPrompt]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A batch of prefilled prompts as a fresh prefill would return it: the key/value cache (rows left-padded to
+    the longest), the attention mask, each row's last position ([B, 1]) and its last logits ([B, vocab])."""
+    from transformers import DynamicCache
+
+    width = max(entry.length for entry in entries)
+    layers = []
+    for layer in range(len(entries[0].keys)):
+        keys = torch.stack([_left_pad(entry.keys[layer], width) for entry in entries])
+        values = torch.stack([_left_pad(entry.values[layer], width) for entry in entries])
+        layers.append((keys, values))
+    attention = torch.zeros((len(entries), width), dtype=torch.long)
+    for row, entry in enumerate(entries):
+        attention[row, width - entry.length :] = 1
+    positions = torch.tensor([[entry.length - 1] for entry in entries], dtype=torch.long)
+    logits = torch.stack([entry.logits for entry in entries])
+    return DynamicCache(ddp_cache_data=layers), attention, positions, logits
+
+
+def _left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    """[heads, length, head_dim] zero-padded on the left of the length axis to ``width``."""
+    missing = width - tensor.shape[1]
+    if missing <= 0:
+        return tensor
+    return torch.cat([tensor.new_zeros((tensor.shape[0], missing, tensor.shape[2])), tensor], dim=1)
