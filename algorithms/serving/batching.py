@@ -5,7 +5,8 @@ padding invisible to the model), and each decoding step runs the model once on t
 reusing the key/value cache. Each row keeps its own sampling settings (temperature, top-p, token limit, seed)
 and stops on its own, at an end-of-sequence token or its limit; finished rows leave the batch (and the cache),
 so a short request does not pay for a long one beside it, and new requests join a running batch between two
-tokens (:class:`Decoder`), so one that arrives just after a batch started does not wait for all of it.
+tokens (:class:`Decoder`), so one that arrives just after a batch started does not wait for all of it. Prompts
+prefilled before are reused rather than run again (:mod:`algorithms.serving.prompt_cache`).
 
 Log-probabilities are those of the raw logits, before temperature and top-p, as vLLM reports them: the
 quantity a trainer recomputes as the behaviour policy's.
@@ -75,10 +76,16 @@ class Generation:
 
 
 def generate_batch(
-    model: Any, requests: Sequence[SamplingRequest], *, stop_token_ids: Collection[int], pad_token_id: int
+    model: Any,
+    requests: Sequence[SamplingRequest],
+    *,
+    stop_token_ids: Collection[int],
+    pad_token_id: int,
+    prompts: PromptCache | None = None,
 ) -> list[Generation]:
-    """Decode every request to its end; the results are in the order of ``requests``."""
-    decoder = Decoder(model, stop_token_ids, pad_token_id)
+    """Decode every request to its end (reusing prefills from ``prompts``); the results are in the order of
+    ``requests``."""
+    decoder = Decoder(model, stop_token_ids, pad_token_id, prompts)
     results: dict[int, Generation] = {}
     with torch.no_grad():
         finished = decoder.admit(list(enumerate(requests)))
@@ -138,37 +145,56 @@ class Decoder:
         self.next_tokens = torch.cat([self.next_tokens, torch.zeros(len(new_rows), dtype=torch.long)])
         return self._sample_and_retire(logits, range(first, len(self.rows)))
 
-    def _prefill(self, prompts: Sequence[Prompt]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _prefill(
+        self, prompts: Sequence[Prompt], prefixes: Sequence[PrefilledPrompt] | None = None
+    ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run the model on ``prompts``, left-padded into one batch: its key/value cache, attention mask, each
-        row's last position ([B, 1]) and last logits ([B, vocab])."""
-        lengths = [len(prompt) for prompt in prompts]
-        width = max(lengths)
+        row's last position ([B, 1]) and last logits ([B, vocab]). With ``prefixes`` (a prefill of each prompt's
+        first tokens, possibly empty), only the rest of each prompt is run, after the prefixes' cache; a row's
+        padding then also sits between its prefix and its rest, where the mask hides it as well."""
+        done = [entry.length for entry in prefixes] if prefixes else [0] * len(prompts)
+        rests = [prompt[n:] for prompt, n in zip(prompts, done, strict=True)]
+        width = max(len(rest) for rest in rests)
         input_ids = torch.full((len(prompts), width), self.pad, dtype=torch.long)
         attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, (prompt, length) in enumerate(zip(prompts, lengths, strict=True)):
-            input_ids[row, width - length :] = torch.tensor(prompt, dtype=torch.long)
-            attention[row, width - length :] = 1
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        for row, rest in enumerate(rests):
+            input_ids[row, width - len(rest) :] = torch.tensor(rest, dtype=torch.long)
+            attention[row, width - len(rest) :] = 1
+        past = None
+        if prefixes:
+            past, prefix_attention, _, _ = stack(prefixes)
+            attention = torch.cat([prefix_attention, attention], dim=1)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, -width:]
         # Only the last column's logits are sampled from (all of them, [B, L, V], came to 10 GB for 128
         # few-shot prompts of SmolLM2).
         out = self.model(
-            input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            past_key_values=past,
+            use_cache=True,
+            logits_to_keep=1,
         )
         return out.past_key_values, attention, positions[:, -1:], out.logits[:, -1, :].float()
 
     def _prefill_cached(self, prompts: Sequence[Prompt]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """:meth:`_prefill`, running the model only on the distinct prompts that are not in the prompt cache."""
+        """:meth:`_prefill`, running the model only on the distinct prompts that are not in the prompt cache,
+        and for those only on what follows the longest kept prompt they begin with (an earlier turn)."""
         assert self.prompts is not None
         found = {prompt: self.prompts.get(prompt) for prompt in dict.fromkeys(prompts)}
         missing = [prompt for prompt, entry in found.items() if entry is None]
         if missing:
-            prefilled = self._prefill(missing)
-            cache, _, _, logits = prefilled
+            prefixes = [self.prompts.longest_prefix(prompt) for prompt in missing]
+            template = next((entry for entry in prefixes if entry is not None), None)
+            prefilled = self._prefill(
+                missing, None if template is None else [entry or template.empty() for entry in prefixes]
+            )
+            cache, attention, _, logits = prefilled
             if not _plain_dynamic(cache):
                 self.prompts = None  # other cache layers (sliding windows, transformers 4) are not reused
                 return prefilled if len(missing) == len(prompts) else self._prefill(prompts)
             for row, prompt in enumerate(missing):
-                found[prompt] = entry = PrefilledPrompt.from_batch(cache, row, len(prompt), logits[row])
+                found[prompt] = entry = PrefilledPrompt.from_batch(cache, row, attention[row], logits[row])
                 self.prompts.put(prompt, entry)
         return stack([cast(PrefilledPrompt, found[prompt]) for prompt in prompts])
 

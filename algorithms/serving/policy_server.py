@@ -144,7 +144,11 @@ class PolicyServer:
         with tensor_thread.intra_op_threads(self.decode_threads):
             started = time.perf_counter()
             generations = generate_batch(
-                self.model, requests, stop_token_ids=self.stop_token_ids, pad_token_id=self.pad_token_id
+                self.model,
+                requests,
+                stop_token_ids=self.stop_token_ids,
+                pad_token_id=self.pad_token_id,
+                prompts=self.prompt_cache,
             )
             self.decode_seconds += time.perf_counter() - started
             self.generated_tokens += sum(len(g.token_ids) for g in generations)

@@ -1,11 +1,12 @@
 """Prefilled prompts kept for reuse, so that a prompt sent many times is prefilled once.
 
-GRPO samples G completions of every prompt: without reuse the policy server would prefill each prompt G times
-(vLLM avoids the same waste with its automatic prefix caching; this is its whole-prompt case). An entry holds what
-prefilling a prompt yields: every layer's keys and values and the logits at its last position, from which each
-request then samples its own first token. Entries are valid only for the weights that computed them, so the
-server clears the cache whenever its weights change. The least recently used entries are dropped once the
-entries together exceed ``max_bytes``.
+GRPO samples G completions of every prompt, and an agent's next turn repeats its conversation so far: without reuse
+the policy server would prefill each prompt G times, and each turn's history again (vLLM avoids the same waste with
+its automatic prefix caching, by blocks of tokens). An entry holds what prefilling a prompt yields: every layer's
+keys and values and the logits at its last position, from which each request then samples its own first token; a
+prompt that begins with an entry's prompt runs only the tokens after it. Entries are valid only for the weights
+that computed them, so the server clears the cache whenever its weights change. The least recently used entries are
+dropped once the entries together exceed ``max_bytes``.
 """
 
 from __future__ import annotations
@@ -29,12 +30,18 @@ class PrefilledPrompt:
     logits: torch.Tensor
 
     @classmethod
-    def from_batch(cls, cache: Any, row: int, length: int, logits: torch.Tensor) -> PrefilledPrompt:
-        """Row ``row`` of a left-padded batch's cache (its last ``length`` positions), copied out of the batch's
-        tensors so that keeping the entry does not keep the whole batch."""
-        keys = tuple(layer.keys[row, :, -length:].clone() for layer in cache.layers)
-        values = tuple(layer.values[row, :, -length:].clone() for layer in cache.layers)
+    def from_batch(cls, cache: Any, row: int, attention: torch.Tensor, logits: torch.Tensor) -> PrefilledPrompt:
+        """Row ``row`` of a batch's cache: the positions its ``attention`` mask row marks (the batch pads rows
+        on the left, and between a reused prefix and the rest). Copied out of the batch's tensors, so that
+        keeping the entry does not keep the whole batch."""
+        columns = attention.nonzero().squeeze(-1)
+        keys = tuple(layer.keys[row].index_select(1, columns) for layer in cache.layers)
+        values = tuple(layer.values[row].index_select(1, columns) for layer in cache.layers)
         return cls(keys, values, logits.clone())
+
+    def empty(self) -> PrefilledPrompt:
+        """A prefill of no tokens, shaped like this one: the prefix of a prompt that reuses none."""
+        return PrefilledPrompt(tuple(k[:, :0] for k in self.keys), tuple(v[:, :0] for v in self.values), self.logits)
 
     @property
     def length(self) -> int:
@@ -55,7 +62,13 @@ class PromptCache:
         self.max_bytes = max_bytes
         self.nbytes = 0
         self.hits = 0
+        """Prompts found whole."""
         self.misses = 0
+        """Prompts not found whole (prefilled, all of them or what follows a kept prefix)."""
+        self.prefix_hits = 0
+        """Prompts not found whole that began with a kept one."""
+        self.reused_tokens = 0
+        """Prompt tokens taken from kept prefills instead of being run through the model."""
         self._entries: OrderedDict[Prompt, PrefilledPrompt] = OrderedDict()
 
     def __len__(self) -> int:
@@ -67,8 +80,23 @@ class PromptCache:
             self.misses += 1
             return None
         self.hits += 1
+        self.reused_tokens += len(prompt)
         self._entries.move_to_end(prompt)
         return entry
+
+    def longest_prefix(self, prompt: Prompt) -> PrefilledPrompt | None:
+        """The kept prompt that is the longest proper prefix of ``prompt`` (a conversation's earlier turn).
+        A scan of the entries: a few hundred comparisons of tuples, small beside a forward pass."""
+        best: Prompt = ()
+        for kept in self._entries:
+            if len(best) < len(kept) < len(prompt) and prompt[: len(kept)] == kept:
+                best = kept
+        if not best:
+            return None
+        self.prefix_hits += 1
+        self.reused_tokens += len(best)
+        self._entries.move_to_end(best)
+        return self._entries[best]
 
     def put(self, prompt: Prompt, entry: PrefilledPrompt) -> None:
         """Keep ``entry`` (not if it alone exceeds the budget), dropping the least recently used beyond it."""
@@ -90,7 +118,8 @@ class PromptCache:
 
 def stack(entries: Sequence[PrefilledPrompt]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A batch of prefilled prompts as a fresh prefill would return it: the key/value cache (rows left-padded to
-    the longest), the attention mask, each row's last position ([B, 1]) and its last logits ([B, vocab])."""
+    the longest), the attention mask, each row's last position ([B, 1]; -1 for an empty entry) and its last
+    logits ([B, vocab])."""
     from transformers import DynamicCache
 
     width = max(entry.length for entry in entries)

@@ -14,6 +14,7 @@ import httpx
 import pytest
 import torch
 
+from algorithms.serving.batching import SamplingRequest
 from algorithms.serving.policy_server import PolicyServer
 from algorithms.serving.tiny_model import build_tiny_model
 from tests.conftest import serve_app
@@ -178,6 +179,31 @@ async def test_a_prompt_sent_many_times_is_prefilled_once_and_samples_as_if_it_w
         assert reported == pytest.approx(
             teacher_forced_logprobs(cached, answer["prompt_token_ids"], choice["token_ids"]), abs=1e-4
         )
+
+
+def test_a_later_turn_prefills_only_what_follows_the_earlier_prompt(model_dir: Path) -> None:
+    server = PolicyServer(model_dir, model_name="tiny")
+    uncached = PolicyServer(model_dir, model_name="tiny", prompt_cache_bytes=0)
+    first = [int(t) for t in server.tokenizer(QUESTIONS[1])["input_ids"]]
+    other = [int(t) for t in server.tokenizer(QUESTIONS[3])["input_ids"]]
+    # Later turns of the first conversation (rests of 1 and 9 tokens) admitted with an unrelated prompt.
+    later = [[*first, *other[:1]], [*first, *other[:9]], other]
+    requests = [SamplingRequest(prompt, max_tokens=8, seed=i) for i, prompt in enumerate(later)]
+    server.decode([SamplingRequest(first, max_tokens=2)])
+    assert server.prompt_cache is not None
+    assert (server.prompt_cache.misses, server.prompt_cache.reused_tokens) == (1, 0)
+    reused = server.decode(requests)
+    assert (server.prompt_cache.prefix_hits, server.prompt_cache.reused_tokens) == (2, 2 * len(first))
+    for got, expected in zip(reused, uncached.decode(requests), strict=True):
+        assert got.token_ids == expected.token_ids
+        assert got.logprobs == pytest.approx(expected.logprobs, abs=1e-5)
+        assert got.logprobs == pytest.approx(
+            teacher_forced_logprobs(server, got.prompt_token_ids, got.token_ids), abs=1e-4
+        )
+    # The later turns were kept whole, from their reused prefixes and their rests.
+    again = server.decode(requests)
+    assert server.prompt_cache.hits == 3
+    assert [g.token_ids for g in again] == [g.token_ids for g in reused]
 
 
 async def test_new_weights_prefill_a_cached_prompt_again(model_dir: Path) -> None:
