@@ -1,5 +1,6 @@
-"""The prompt cache's bookkeeping: least recently used entries go first once the byte budget is exceeded, an
-entry larger than the whole budget is not kept, and stacking entries left-pads them like a batched prefill."""
+"""The prompt cache's bookkeeping: least recently used entries go first once the byte budget is exceeded, the
+longest kept proper prefix of a prompt is found (and a dropped one is not), an entry larger than the whole budget
+is not kept, and stacking entries left-pads them like a batched prefill."""
 
 from __future__ import annotations
 
@@ -28,6 +29,21 @@ def test_the_least_recently_used_entries_go_first_beyond_the_budget() -> None:
     assert cache.nbytes == 2 * size
     cache.clear()
     assert (len(cache), cache.nbytes) == (0, 0)
+
+
+def test_the_longest_kept_proper_prefix_is_found_and_dropped_ones_are_not() -> None:
+    cache = PromptCache(max_bytes=entry(3).nbytes + entry(4).nbytes)
+    cache.put((1, 2), entry(2, 1.0))
+    cache.put((1, 2, 3), entry(3, 2.0))
+    cache.put((9, 9, 9, 9), entry(4, 3.0))  # pushes (1, 2) out: the budget holds the last two only
+    assert len(cache) == 2
+    found = cache.longest_prefix((1, 2, 3, 4))
+    assert found is not None and found.logits[0] == 2.0
+    assert cache.longest_prefix((1, 2, 5)) is None  # (1, 2) was dropped
+    assert cache.longest_prefix((1, 2, 3)) is None  # only proper prefixes
+    assert (cache.prefix_hits, cache.reused_tokens) == (1, 3)
+    cache.clear()
+    assert cache.longest_prefix((9, 9, 9, 9, 1)) is None
 
 
 def test_an_entry_larger_than_the_budget_is_not_kept() -> None:
