@@ -48,7 +48,9 @@ async def test_sync_and_async_agents_run_and_report_rewards(served: tuple[SqlSto
             assert [s.attributes["agentlightning.reward.0.value"] for s in rewards] == [float(i)]
         if agent.endswith(":sync_agent"):  # the second runner reuses the worker ids (host:pid:slot)
             workers = await store.query_workers()
-            assert len(workers) == 2
+            # One worker may finish all six instant rollouts before the other has started polling; a worker that
+            # never polled is never recorded.
+            assert 1 <= len(workers) <= 2
             stats = [w.heartbeat_stats for w in workers if w.heartbeat_stats]  # none for a worker with no rollout
             assert sum(s["succeeded"] for s in stats) == 6 and {s["failed"] for s in stats} == {0}
 

@@ -82,11 +82,13 @@ async def test_air_reaches_the_target_in_fewer_steps_than_identical_credit(
     tmp_path: Path, trainer_store: tuple[HttpStore, str]
 ) -> None:
     """After the same number of steps AIR has reached the target and identical credit has not: with eight calls
-    that must all name memory, identical credit learns only from the rare rollouts where all eight did (about 6%
-    of runs see one within the 384 rollouts), AIR from every call's tool status."""
+    that must all name memory, identical credit learns only from the rare rollouts where all eight did (about 8%
+    of runs see one within the 512 rollouts), AIR from every call's tool status."""
     store, url = trainer_store
     model = build_tool_namer(tmp_path / "model")
-    target, steps = 0.05, 12  # seen: AIR 0.172, identical 0.0 (from 0.0 both)
+    # After 12 steps AIR was seen anywhere from 0.047 to 0.66 (identical 0.0 every time): the run's sampling
+    # depends on how the policy server's batches happened to form, so give AIR room.
+    target, steps = 0.05, 16
     after = {}
     for credit in ("air", "identical"):
         summary = await train(
