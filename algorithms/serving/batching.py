@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import torch
 
-from algorithms.serving.prompt_cache import PrefilledPrompt, Prompt, PromptCache, stack
+from algorithms.serving.prompt_cache import PrefilledPrompt, Prompt, PromptCache, left_pad, stack
 
 
 class SamplingError(ValueError):
@@ -216,10 +216,10 @@ class Decoder:
         """Appends prefilled rows to the batch: both caches (and masks) left-padded to the longer one."""
         width = max(self.attention.shape[1], attention.shape[1])
         for old, new in zip(self.cache.layers, cache.layers, strict=True):
-            old.keys, new_keys = _left_pad(old.keys, width, dim=2), _left_pad(new.keys, width, dim=2)
-            old.values, new_values = _left_pad(old.values, width, dim=2), _left_pad(new.values, width, dim=2)
+            old.keys, new_keys = left_pad(old.keys, width, dim=2), left_pad(new.keys, width, dim=2)
+            old.values, new_values = left_pad(old.values, width, dim=2), left_pad(new.values, width, dim=2)
             old.keys, old.values = torch.cat([old.keys, new_keys]), torch.cat([old.values, new_values])
-        self.attention = torch.cat([_left_pad(self.attention, width, dim=1), _left_pad(attention, width, dim=1)])
+        self.attention = torch.cat([left_pad(self.attention, width, dim=1), left_pad(attention, width, dim=1)])
         self.rows = [*self.rows, *new_rows]
 
     def _sample_and_retire(self, logits: torch.Tensor, rows: range) -> dict[Any, Generation]:
@@ -270,15 +270,6 @@ def _plain_dynamic(cache: Any) -> bool:
     """Whether ``cache`` is made of transformers 5's plain dynamic layers, the ones rows can be merged into."""
     layers: list[Any] = getattr(cache, "layers", None) or []
     return bool(layers) and all(type(layer).__name__ == "DynamicLayer" for layer in layers)
-
-
-def _left_pad(tensor: torch.Tensor, width: int, *, dim: int) -> torch.Tensor:
-    missing = width - tensor.shape[dim]
-    if missing <= 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
 
 def _sample(

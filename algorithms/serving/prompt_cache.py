@@ -133,8 +133,8 @@ def stack(entries: Sequence[PrefilledPrompt]) -> tuple[Any, torch.Tensor, torch.
     width = max(entry.length for entry in entries)
     layers = []
     for layer in range(len(entries[0].keys)):
-        keys = torch.stack([_left_pad(entry.keys[layer], width) for entry in entries])
-        values = torch.stack([_left_pad(entry.values[layer], width) for entry in entries])
+        keys = torch.stack([left_pad(entry.keys[layer], width, dim=1) for entry in entries])
+        values = torch.stack([left_pad(entry.values[layer], width, dim=1) for entry in entries])
         layers.append((keys, values))
     attention = torch.zeros((len(entries), width), dtype=torch.long)
     for row, entry in enumerate(entries):
@@ -144,9 +144,11 @@ def stack(entries: Sequence[PrefilledPrompt]) -> tuple[Any, torch.Tensor, torch.
     return DynamicCache(ddp_cache_data=layers), attention, positions, logits
 
 
-def _left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
-    """[heads, length, head_dim] zero-padded on the left of the length axis to ``width``."""
-    missing = width - tensor.shape[1]
+def left_pad(tensor: torch.Tensor, width: int, *, dim: int) -> torch.Tensor:
+    """``tensor`` zero-padded on the left of axis ``dim`` to ``width`` (unchanged when already as wide)."""
+    missing = width - tensor.shape[dim]
     if missing <= 0:
         return tensor
-    return torch.cat([tensor.new_zeros((tensor.shape[0], missing, tensor.shape[2])), tensor], dim=1)
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
