@@ -4,15 +4,19 @@ entry-point group: each entry point names a ``typer.Typer`` (added as a group) o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+from collections.abc import Iterator
 from importlib.metadata import entry_points
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import sqlalchemy as sa
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from sqlalchemy.engine import make_url
 
 from lightning_store.settings import load_settings
 
@@ -65,10 +69,10 @@ def serve(
         llm_upstream=llm_upstream,
     )
     try:
-        run_server(settings, log_level=log_level)
+        with _database_errors("cannot serve", settings.database_url, code=2, serving=True):
+            run_server(settings, log_level=log_level)
     except StoreError as exc:
-        errors.print(f"[red]cannot serve:[/red] {exc}")
-        raise typer.Exit(2) from None
+        _fail("cannot serve", str(exc), 2)
 
 
 @app.command()
@@ -77,30 +81,39 @@ def migrate(database_url: DatabaseUrl = None, revision: str = "head") -> None:
     from lightning_store.migrate import current_revision, upgrade
     from lightning_store.sql.engine import make_engine
 
+    url = load_settings(database_url=database_url).database_url
+
     async def run() -> str | None:
-        engine = make_engine(load_settings(database_url=database_url).database_url)
+        engine = make_engine(url)
         try:
             await upgrade(engine, revision)
             return await current_revision(engine)
         finally:
             await engine.dispose()
 
-    console.print(f"schema at revision [bold]{asyncio.run(run())}[/bold]")
+    with _database_errors("cannot migrate", url):
+        now = asyncio.run(run())
+    console.print(f"schema at revision [bold]{now}[/bold]")
 
 
 @app.command()
 def stats(database_url: DatabaseUrl = None, as_json: bool = typer.Option(False, "--json")) -> None:
     """Print counts of rollouts (by status), attempts, spans, resources and workers."""
+    from lightning_store.migrate import prepare_database
     from lightning_store.sql import open_store
 
+    settings = load_settings(database_url=database_url)
+
     async def run() -> dict[str, Any]:
-        store = await open_store(database_url, watchdog=False)
+        # Migrated (SQLite, by default) or checked first: a database that is not current gets a one-line answer.
+        store = await open_store(settings=await prepare_database(settings), watchdog=False)
         try:
             return dict(await store.statistics())
         finally:
             await store.close()
 
-    result = asyncio.run(run())
+    with _database_errors("cannot read the store", settings.database_url):
+        result = asyncio.run(run())
     if as_json:
         typer.echo(json.dumps(result))
         return
@@ -119,8 +132,10 @@ def sql(
     """Run a read-only SQL query against the store and print the rows."""
     from lightning_store.sql.engine import make_engine
 
+    url = load_settings(database_url=database_url).database_url
+
     async def run() -> tuple[list[str], list[tuple[Any, ...]]]:
-        engine = make_engine(load_settings(database_url=database_url).database_url)
+        engine = make_engine(url)
         try:
             async with engine.connect() as conn:
                 # Read-only on both backends: a statement that writes fails instead of changing the store.
@@ -140,13 +155,12 @@ def sql(
             await engine.dispose()
 
     try:
-        columns, rows = asyncio.run(run())
+        with _database_errors("query failed", url):
+            columns, rows = asyncio.run(run())
     except sa.exc.DBAPIError as exc:
-        errors.print(f"[red]query failed:[/red] {exc.orig}")
-        raise typer.Exit(1) from None
+        _fail("query failed", f"{exc.orig}{_not_migrated_hint(url)}", 1)
     except sa.exc.SQLAlchemyError as exc:
-        errors.print(f"[red]query failed:[/red] {exc}")
-        raise typer.Exit(1) from None
+        _fail("query failed", f"{exc}{_not_migrated_hint(url)}", 1)
     if not columns:
         console.print("the statement returned no rows")
         return
@@ -158,6 +172,71 @@ def sql(
     for row in rows:
         table.add_row(*(json.dumps(v) if isinstance(v, dict | list) else str(v) for v in row))
     console.print(table)
+
+
+def _fail(what: str, line: str, code: int) -> NoReturn:
+    """Print ``what: line`` as one line on stderr (never wrapped, never read as markup) and exit with ``code``."""
+    errors.print(f"[red]{what}:[/red] {escape(line)}", soft_wrap=True, highlight=False)
+    raise typer.Exit(code)
+
+
+def _shown(database_url: str) -> str:
+    try:
+        return make_url(database_url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        return database_url
+
+
+def _database_failure(exc: BaseException, database_url: str, *, serving: bool = False) -> str | None:
+    """One line for an error that says the database cannot be reached or is not migrated; ``None`` for others."""
+    from lightning_store.errors import DatabaseUnavailableError
+    from lightning_store.migrate import DatabaseNotMigratedError
+    from lightning_store.sql.engine import unavailable_reason
+
+    if isinstance(exc, DatabaseNotMigratedError):
+        if not exc.known:
+            return f"{exc}: upgrade lightning-store"
+        fix = f"run `store migrate --database-url {_shown(database_url)}`"
+        return f"{exc}: {fix}" + (" or pass --migrate" if serving else "")
+    if isinstance(exc, DatabaseUnavailableError):
+        reason: str | None = exc.reason
+    else:  # serving: only what the check before it raised (an OSError may be uvicorn's, a port in use)
+        reason = None if serving else unavailable_reason(exc)
+    return None if reason is None else f"cannot reach the database {_shown(database_url)}: {reason}"
+
+
+@contextlib.contextmanager
+def _database_errors(what: str, database_url: str, *, code: int = 1, serving: bool = False) -> Iterator[None]:
+    """Turn a database that cannot be reached or is not migrated into one line (``what: …``) and exit ``code``;
+    other errors pass."""
+    try:
+        yield
+    except Exception as exc:
+        line = _database_failure(exc, database_url, serving=serving)
+        if line is None:
+            raise
+        _fail(what, line, code)
+
+
+def _not_migrated_hint(database_url: str) -> str:
+    """`` (database is not migrated …: run `store migrate …`)`` when a failed query may be explained by that."""
+    from lightning_store.migrate import DatabaseNotMigratedError, check_current
+    from lightning_store.sql.engine import make_engine
+
+    async def check() -> None:
+        engine = make_engine(database_url, pool_size=1)
+        try:
+            await check_current(engine)
+        finally:
+            await engine.dispose()
+
+    try:
+        asyncio.run(check())
+    except DatabaseNotMigratedError as exc:
+        return f" ({_database_failure(exc, database_url)})"
+    except Exception:  # only a hint: the query's own error is what gets reported
+        return ""
+    return ""
 
 
 def _load_plugins() -> None:

@@ -27,3 +27,17 @@ class ConflictError(StoreError):
 
 class UnauthorizedError(StoreError):
     """The server wants a bearer token that the client did not send (or sent wrong)."""
+
+
+class DatabaseUnavailableError(Exception):
+    """The database cannot be reached now: the connection was refused, lost or timed out, the server is shutting
+    down or full, or it turned the store's credentials away. Not the caller's mistake (so not a
+    :class:`StoreError`): retry once the database is back (HTTP 503). An operation cut off mid-transaction was
+    rolled back; one cut off during its commit may or may not have taken effect.
+
+    ``reason`` is one line on what went wrong (``ConnectionRefusedError: [Errno 111] Connection refused``); the
+    original exception is the ``__cause__``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"database unavailable: {reason}")
+        self.reason = reason

@@ -7,26 +7,30 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from lightning_store.limits import MAX_INT32, Id, OtelId, SequenceId
+
 
 class LlmCall(BaseModel):
     """One LLM call of an attempt. ``(rollout_id, attempt_id, span_id)`` identifies it when ``span_id`` is set
     (the proxy sets it to the call's span), which makes recording it twice harmless."""
 
-    rollout_id: str = Field(min_length=1)
-    attempt_id: str = Field(min_length=1)
-    span_id: str | None = None
-    sequence_id: int | None = Field(default=None, description="Order within the rollout (the span's sequence id).")
+    rollout_id: Id
+    attempt_id: Id
+    span_id: OtelId | None = None
+    sequence_id: SequenceId | None = Field(
+        default=None, description="Order within the rollout (the span's sequence id)."
+    )
     agent_name: str | None = None
     model: str | None = None
-    resources_id: str | None = None
-    resources_version: int | None = None
+    resources_id: Id | None = None
+    resources_version: int | None = Field(default=None, ge=0, le=MAX_INT32)
     prompt_token_ids: list[int]
     response_token_ids: list[int]
     response_logprobs: list[float] | None = None
     request: dict[str, Any] | None = Field(default=None, description="The request as the agent sent it.")
     response: dict[str, Any] | None = Field(default=None, description="The response as the agent received it.")
     sampling_parameters: dict[str, Any] | None = None
-    finish_reason: str | None = None
+    finish_reason: str | None = Field(default=None, max_length=32)
     start_time: float
     end_time: float | None = None
     latency_seconds: float | None = None

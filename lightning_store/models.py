@@ -11,6 +11,8 @@ from typing import Any, Generic, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from lightning_store.limits import Id
+
 RolloutStatus = Literal["queuing", "preparing", "running", "failed", "succeeded", "cancelled", "requeuing"]
 AttemptStatus = Literal["preparing", "running", "failed", "succeeded", "unresponsive", "timeout"]
 EndedAttemptStatus = Literal["succeeded", "failed", "timeout"]
@@ -102,10 +104,10 @@ class EnqueueRolloutRequest(BaseModel):
 
     input: TaskInput
     mode: RolloutMode | None = None
-    resources_id: str | None = None
+    resources_id: Id | None = None
     config: RolloutConfig | None = None
     metadata: dict[str, Any] | None = None
-    rollout_id: str | None = Field(default=None, min_length=1, max_length=128)
+    rollout_id: Id | None = None
 
 
 class AttemptEnd(BaseModel):
@@ -114,8 +116,8 @@ class AttemptEnd(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    rollout_id: str = Field(min_length=1)
-    attempt_id: str = Field(min_length=1)
+    rollout_id: Id
+    attempt_id: Id
     status: EndedAttemptStatus
     metadata: dict[str, Any] | None = None
 

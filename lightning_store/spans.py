@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from lightning_store.limits import Id, OtelId, SequenceId
+
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
     from opentelemetry.trace import SpanContext as OtelSpanContext
@@ -65,12 +67,12 @@ class Span(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    rollout_id: str = Field(min_length=1)
-    attempt_id: str = Field(min_length=1)
-    sequence_id: int = Field(ge=0)
-    trace_id: str
-    span_id: str = Field(min_length=1)
-    parent_id: str | None = None
+    rollout_id: Id
+    attempt_id: Id
+    sequence_id: SequenceId
+    trace_id: OtelId
+    span_id: OtelId = Field(min_length=1)
+    parent_id: OtelId | None = None
     name: str
     status: TraceStatus = Field(default_factory=TraceStatus)
     attributes: Attributes = Field(default_factory=dict)

@@ -12,6 +12,7 @@ import asyncio
 import functools
 import logging
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from lightning_store.contract import UNSET, LightningStore
@@ -61,6 +62,34 @@ async def release(store: LightningStore, rollout_id: str, attempt_id: str, reaso
         logger.warning("could not release %s (%s); the watchdog will recover it", attempt_id, type(error).__name__)
         return False
     return True
+
+
+RELEASE_SECONDS = 2.0
+"""How long a stopping worker or runner tries to give its attempts back. A store that has not answered by then
+(its server is gone) leaves them to the watchdog, rather than holding the stop up for HttpStore's retries."""
+
+
+async def release_all(
+    store: LightningStore, attempts: Iterable[tuple[str, str]], reason: str, *, within: float = RELEASE_SECONDS
+) -> None:
+    """:func:`release` each ``(rollout_id, attempt_id)``, all at once, for at most ``within`` seconds."""
+    pending = [
+        asyncio.ensure_future(release(store, rollout_id, attempt_id, reason)) for rollout_id, attempt_id in attempts
+    ]
+    if not pending:
+        return
+    _, late = await asyncio.wait(pending, timeout=within)
+    for task in late:
+        task.cancel()  # safe: each write is a conditional update, applied whole or not at all
+    for result in await asyncio.gather(*pending, return_exceptions=True):
+        if isinstance(result, Exception):
+            logger.warning("could not release an attempt: %s: %s", type(result).__name__, result)
+    if late:
+        logger.warning(
+            "could not release %d attempts within %.1f s (store unreachable); the watchdog will recover them",
+            len(late),
+            within,
+        )
 
 
 class EndBatcher:

@@ -58,5 +58,8 @@ def run(
         heartbeat_interval=heartbeat,
         progress=progress,
     )
+    aio.freeze_startup_heap()  # also keeps the exit short: the store command's plugins import torch
     summary = aio.run(runner.run())
     typer.echo(json.dumps({"summary": summary.statuses, "worker_restarts": summary.worker_restarts}))
+    if summary.forced:
+        raise typer.Exit(1)  # stopped at once by a second signal: the workers were killed

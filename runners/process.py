@@ -2,8 +2,9 @@
 
 A process per worker is what makes a hung agent recoverable: the supervisor can kill it. The process stops
 dequeuing on SIGTERM or SIGINT, gives the attempts in flight ``grace`` seconds to finish, then releases them (each
-attempt is marked failed and the rollout requeued, whatever its retry policy: the agent was not at fault). If
-the runner process dies, the worker finishes its attempt (bounded by its timeout) and exits.
+attempt is marked failed and the rollout requeued, whatever its retry policy: the agent was not at fault) for at
+most ``RELEASE_SECONDS``: a store that does not answer by then (its server is gone) leaves them to the watchdog.
+If the runner process dies, the worker finishes its attempt (bounded by its timeout) and exits.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 from lightning_store import aio
 from lightning_store.connect import connect, is_server_url
 from runners.agent import load_agent
-from runners.attempts import release
+from runners.attempts import RELEASE_SECONDS, release_all
 from runners.progress import quiet_http_logs
 from runners.worker import EXIT_HUNG, AgentHung, Worker
 from tracers.openinference import instrument_from_settings
@@ -93,17 +94,26 @@ async def _serve(config: WorkerConfig, conn: Connection) -> None:
         await asyncio.wait({running, stopped}, return_when=asyncio.FIRST_COMPLETED)
         stopped.cancel()
         if not running.done():
-            # Stopping: no new claims; the attempt in flight may finish within the grace period.
+            # Stopping: no new claims; the attempts in flight may finish within the grace period.
             done, _ = await asyncio.wait({running}, timeout=config.grace)
             if not done:
-                in_flight = list(worker.in_flight.values())  # cancelled attempts leave worker.in_flight
-                running.cancel()
-                await asyncio.gather(running, return_exceptions=True)
-                for claimed in in_flight:
-                    await release(store, claimed.rollout_id, claimed.attempt.attempt_id, "worker stopped")
+                await _release_in_flight(worker, running, conn)
+                return
         running.result()
     finally:
         await store.close()
+
+
+async def _release_in_flight(worker: Worker, running: asyncio.Future[None], conn: Connection) -> None:
+    """Cancel the attempts still running past the grace period and give them back to the queue, in bounded
+    time: a store that no longer answers leaves them to the watchdog (see :func:`release_all`)."""
+    in_flight = list(worker.in_flight.values())  # cancelled attempts leave worker.in_flight
+    running.cancel()
+    await asyncio.wait({running}, timeout=RELEASE_SECONDS)  # it flushes its spans as it ends
+    ids = [(claimed.rollout_id, claimed.attempt.attempt_id) for claimed in in_flight]
+    await release_all(worker.store, ids, "worker stopped")
+    for _, attempt_id in ids:
+        _send(conn, {"event": "released", "attempt_id": attempt_id})  # the runner need not try again
 
 
 def _send(conn: Connection, event: dict[str, Any]) -> None:

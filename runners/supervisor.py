@@ -28,7 +28,7 @@ from typing import Any
 from lightning_store.connect import connect
 from lightning_store.contract import LightningStore
 from lightning_store.models import AttemptStatus
-from runners.attempts import end_if_current, outcome, release
+from runners.attempts import RELEASE_SECONDS, end_if_current, outcome, release_all
 from runners.process import WorkerConfig, worker_main
 from runners.progress import ProgressView
 from runners.resilience import UNREACHABLE
@@ -41,6 +41,8 @@ CRASH_LOOP_SECONDS = 5.0
 runner cannot work (the agent does not import, the store does not answer). Deaths during attempts are the
 agents' faults, recovered one by one, and do not count."""
 CRASH_LOOP_LIMIT = 5
+FORCED_RELEASE_SECONDS = 1.0
+"""How long a runner stopped at once (a second signal) tries to release the killed workers' attempts."""
 
 
 @dataclass
@@ -75,6 +77,8 @@ class RunSummary:
     statuses: Counter[str] = field(default_factory=Counter)
     """Attempts by outcome: ``succeeded``, ``failed``, ``timeout``."""
     worker_restarts: int = 0
+    forced: bool = False
+    """Stopped by a second SIGINT/SIGTERM: the workers were killed rather than stopped."""
 
     @property
     def succeeded(self) -> int:
@@ -119,6 +123,8 @@ class Runner:
         self.progress = ProgressView(enabled=progress)
         self.summary = RunSummary()
         self._stopping = False
+        self._now = asyncio.Event()
+        """Set by a second :meth:`stop`: stop at once."""
         self._context = multiprocessing.get_context("spawn")  # no inherited event loops, locks or connections
         prefix = f"{socket.gethostname()}:{os.getpid()}"
         base = WorkerConfig(
@@ -139,8 +145,17 @@ class Runner:
         self.slots = [Slot(i, dataclasses.replace(base, worker_id=f"{prefix}:{i}")) for i in range(workers)]
 
     def stop(self) -> None:
-        """Stop gracefully: workers finish (or release) their attempts and exit."""
+        """Stop gracefully: workers finish (or release) their attempts and exit. Called again (a second
+        SIGINT/SIGTERM), stop now: the workers are killed at once and their attempts released as far as the
+        store answers within a second."""
         if self._stopping:
+            if not self._now.is_set():
+                logger.warning("stopping now: killing the workers")
+                self.summary.forced = True
+                self._now.set()
+                for slot in self.slots:
+                    if slot.process is not None and slot.process.is_alive():
+                        slot.process.kill()
             return
         self._stopping = True
         for slot in self.slots:
@@ -152,19 +167,23 @@ class Runner:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.stop)
         store = await connect(self.store_url, token=self.token)
-        stop_deadline: float | None = None
         try:
             with self.progress:
                 for slot in self.slots:
                     self._spawn(slot)
-                while any(not slot.finished for slot in self.slots):
-                    for slot in self.slots:
-                        await self._tend(slot, store)
-                    if self._stopping:
-                        stop_deadline = stop_deadline or time.monotonic() + self.grace + 10.0
-                        if time.monotonic() > stop_deadline:
-                            await self._kill_all(store)
-                    await asyncio.sleep(0.05)
+                supervising = asyncio.ensure_future(self._supervise(store))
+                now = asyncio.ensure_future(self._now.wait())
+                try:
+                    await asyncio.wait({supervising, now}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    now.cancel()
+                    if not supervising.done():  # stopped now (or this task was cancelled)
+                        supervising.cancel()
+                        await asyncio.gather(supervising, return_exceptions=True)
+                if supervising.cancelled():
+                    await self._kill_all(store, within=FORCED_RELEASE_SECONDS)
+                else:
+                    supervising.result()
         except BaseException:
             await self._kill_all(store)  # the attempts in flight are released, not left to the watchdog
             raise
@@ -173,6 +192,17 @@ class Runner:
                 loop.remove_signal_handler(signum)
             await store.close()
         return self.summary
+
+    async def _supervise(self, store: LightningStore) -> None:
+        stop_deadline: float | None = None
+        while any(not slot.finished for slot in self.slots):
+            for slot in self.slots:
+                await self._tend(slot, store)
+            if self._stopping:
+                stop_deadline = stop_deadline or time.monotonic() + self.grace + 10.0
+                if time.monotonic() > stop_deadline:
+                    await self._kill_all(store)
+            await asyncio.sleep(0.05)
 
     def _spawn(self, slot: Slot) -> None:
         parent, child = self._context.Pipe(duplex=False)
@@ -254,6 +284,8 @@ class Runner:
         elif event["event"] == "finished":
             slot.attempts.pop(event["attempt_id"], None)
             self._count(event["status"], event["rollout_id"], slot)
+        elif event["event"] == "released":  # the worker gave it back (or tried to) as it stopped
+            slot.attempts.pop(event["attempt_id"], None)
 
     def _count(self, status: str, rollout_id: str, slot: Slot) -> None:
         self.summary.statuses[outcome(status)] += 1
@@ -279,15 +311,20 @@ class Runner:
         self._count(status, attempt.rollout_id, slot)
 
     async def _release(self, store: LightningStore, slot: Slot, reason: str = "runner stopped") -> None:
-        for attempt in slot.attempts.values():
-            await release(store, attempt.rollout_id, attempt.attempt_id, reason=reason)
+        ids = [(attempt.rollout_id, attempt.attempt_id) for attempt in slot.attempts.values()]
         slot.attempts = {}
+        await release_all(store, ids, reason)
 
-    async def _kill_all(self, store: LightningStore) -> None:
+    async def _kill_all(self, store: LightningStore, *, within: float = RELEASE_SECONDS) -> None:
+        """Kill every worker and release the attempts they held, for at most ``within`` seconds."""
+        ids: list[tuple[str, str]] = []
         for slot in self.slots:
-            if slot.process is not None and slot.process.is_alive():
+            if slot.process is not None and (slot.process.is_alive() or slot.attempts):
                 slot.process.kill()
                 slot.process.join()
-                self._drain(slot)
-                await self._release(store, slot)
+                if slot.conn is not None:
+                    self._drain(slot)
+                ids += [(attempt.rollout_id, attempt.attempt_id) for attempt in slot.attempts.values()]
+                slot.attempts = {}
             slot.finished = True
+        await release_all(store, ids, "runner stopped", within=within)

@@ -28,7 +28,7 @@ from lightning_store.errors import ConflictError
 from lightning_store.models import AttemptedRollout, EndedAttemptStatus
 from lightning_store.resources import ResourcesUpdate
 from runners.agent import RolloutAgent
-from runners.attempts import EndBatcher, outcome, tally
+from runners.attempts import RELEASE_SECONDS, EndBatcher, outcome, tally
 from runners.endpoint import bind_resources, main_llm
 from runners.resilience import UNREACHABLE, persist
 from tracers import Tracer, emit_exception, emit_reward
@@ -39,6 +39,7 @@ Report = Callable[[dict[str, Any]], None]
 
 EXIT_HUNG = 75
 """Exit status of a worker process whose sync agent overran its timeout in a thread that cannot be stopped."""
+_LAST_HEARTBEAT_FAILED: tuple[type[BaseException], ...] = (*UNREACHABLE, TimeoutError)
 
 
 class AgentHung(Exception):
@@ -143,7 +144,14 @@ class Worker:
             await asyncio.gather(*running, return_exceptions=True)
             await tracer.shutdown()
             self._threads.shutdown(wait=False)
-        await persist(lambda: self._worker_heartbeat(due_only=False), what="worker heartbeat")
+        final = functools.partial(self._worker_heartbeat, due_only=False)
+        if not stop.is_set():
+            await persist(final, what="worker heartbeat")
+            return
+        try:  # stopping: one try, bounded; a store that is gone must not hold the stop up
+            await asyncio.wait_for(final(), RELEASE_SECONDS)
+        except _LAST_HEARTBEAT_FAILED as error:
+            logger.warning("could not send the last worker heartbeat (%s)", type(error).__name__)
 
     async def _dequeue(self, limit: int) -> Sequence[AttemptedRollout]:
         try:

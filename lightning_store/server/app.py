@@ -2,8 +2,10 @@
 
 Error contract: a caller's mistake is a 4xx whose JSON body names the field (``{"detail", "field",
 "error_type"}``): 404 for an unknown id, 422 for invalid input, 401 without the token, 413 over the size limit,
-415 for a wrong content type. A database that cannot be reached is a 503 (clients retry it). Anything else is a
-bug and a 500; it is logged with its traceback, never sent to the client.
+415 for a wrong content type. A database that cannot be reached is a 503 on every route that needs it until it is
+back (clients retry it; ``/v1/agl/health`` says so too): the store raises every outage as
+``DatabaseUnavailableError`` (:func:`lightning_store.sql.engine.unavailable_reason` decides what is one). Anything
+else is a bug and a 500; it is logged with its traceback, never sent to the client.
 """
 
 from __future__ import annotations
@@ -16,16 +18,26 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lightning_store import aio
 from lightning_store.contract import LightningStore
-from lightning_store.errors import ConflictError, InvalidRequestError, NotFoundError, StoreError
-from lightning_store.server import otlp, proxy, routes_rollouts, routes_store
+from lightning_store.errors import (
+    ConflictError,
+    DatabaseUnavailableError,
+    InvalidRequestError,
+    NotFoundError,
+    StoreError,
+)
+from lightning_store.server import openapi, otlp, proxy, routes_rollouts, routes_store
 from lightning_store.server.guards import Guards
 from lightning_store.server.metrics import Metrics
+from lightning_store.server.outage import unavailable_response
 from lightning_store.server.recorder import CallRecorder
+from lightning_store.server.shutdown import CutOff, LongPolls
 from lightning_store.settings import ServerSettings
+from lightning_store.sql.engine import unavailable_reason
 
 logger = logging.getLogger(__name__)
 
@@ -53,16 +65,22 @@ def create_app(settings: ServerSettings, store: LightningStore | None = None, *,
             app.state.recorder = CallRecorder(app.state.store)
             # Last in, first out: LLM-call records still queued are written before the store closes.
             stack.push_async_callback(app.state.recorder.close)
+            # Long-polls end when SIGINT/SIGTERM arrives, before uvicorn's graceful shutdown waits for requests.
+            stack.callback(app.state.long_polls.on_signals())
+            stack.callback(app.state.long_polls.end_all)
             yield
 
     app = FastAPI(title="lightning-store", version="0.1.0", lifespan=lifespan)
     app.state.max_body = settings.max_body_bytes
+    app.state.long_polls = LongPolls()
     app.state.llm_upstream = settings.llm_upstream
     for router in (routes_store.router, routes_rollouts.router, otlp.router, proxy.router):
         app.include_router(router)
     _add_error_handlers(app)
+    openapi.install_openapi(app, bearer_token=settings.token is not None)
     # The guards come first: /metrics needs the token too, and refused requests never reach the app.
-    return Guards(Metrics(app), token=settings.token, max_body_bytes=settings.max_body_bytes)
+    app_cut_off = CutOff(app, app.state.long_polls)  # requests cancelled at shutdown: a 503, not a 500
+    return Guards(Metrics(app_cut_off), token=settings.token, max_body_bytes=settings.max_body_bytes)
 
 
 def _error(status: int, exc: StoreError | Exception, field: str | None = None) -> JSONResponse:
@@ -82,6 +100,15 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def invalid(_: Request, exc: InvalidRequestError) -> JSONResponse:
         return _error(422, exc, exc.field)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # FastAPI's and Starlette's own refusals (unknown route, wrong method) in the same shape as ours.
+        return JSONResponse(
+            {"detail": str(exc.detail), "field": None, "error_type": "HTTPError"},
+            status_code=exc.status_code,
+            headers=exc.headers,
+        )
+
     @app.exception_handler(RequestValidationError)
     async def validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
@@ -97,19 +124,21 @@ def _add_error_handlers(app: FastAPI) -> None:
             status_code=422,
         )
 
-    @app.exception_handler(OperationalError)
-    async def unavailable(_: Request, exc: OperationalError) -> JSONResponse:
-        logger.warning("database unavailable: %s", exc)
-        return JSONResponse({"detail": "database unavailable, retry", "error_type": "Unavailable"}, status_code=503)
+    @app.exception_handler(DatabaseUnavailableError)
+    async def unavailable(_: Request, exc: DatabaseUnavailableError) -> JSONResponse:
+        # Not logged per request (an outage would flood the log): the watchdog logs one line per outage.
+        logger.debug("answered 503: %s", exc)
+        return unavailable_response()
 
     @app.exception_handler(DBAPIError)
     async def database_error(_: Request, exc: DBAPIError) -> JSONResponse:
-        if exc.connection_invalidated:
-            return JSONResponse(
-                {"detail": "database connection lost, retry", "error_type": "Unavailable"}, status_code=503
-            )
-        logger.exception("database error")
-        return JSONResponse({"detail": "internal server error", "error_type": "DatabaseError"}, status_code=500)
+        # The store raises outages as DatabaseUnavailableError; one that comes here another way is one still.
+        if unavailable_reason(exc) is not None:
+            return unavailable_response()
+        logger.error("database error", exc_info=exc)
+        return JSONResponse(
+            {"detail": "internal server error", "field": None, "error_type": "DatabaseError"}, status_code=500
+        )
 
 
 def _jsonable(errors: Any) -> Any:

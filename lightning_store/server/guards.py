@@ -21,8 +21,16 @@ JSON_TYPES = ("application/json",)
 OTLP_TYPES = ("application/x-protobuf", "application/json")
 
 
-async def _reply(send: Send, status: int, detail: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    body = json.dumps({"detail": detail}).encode()
+async def _reply(
+    send: Send,
+    status: int,
+    detail: str,
+    error_type: str,
+    field: str | None = None,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    """An error in the server's one shape (see ``server/app.py``)."""
+    body = json.dumps({"detail": detail, "field": field, "error_type": error_type}).encode()
     await send(
         {
             "type": "http.response.start",
@@ -42,7 +50,8 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 
 class Guards:
-    """Bearer token (when configured), body size limit (413) and content type (415), in that order."""
+    """Bearer token (when configured), a path or query with a NUL character (422), body size limit (413) and
+    content type (415), in that order."""
 
     def __init__(self, app: ASGIApp, *, token: str | None, max_body_bytes: int) -> None:
         self.app = app
@@ -58,27 +67,42 @@ class Guards:
             given = _header(scope, b"authorization") or ""
             scheme, _, credentials = given.partition(" ")
             if scheme.lower() != "bearer" or not secrets.compare_digest(credentials.encode(), self.token.encode()):
-                await _reply(send, 401, "missing or wrong bearer token", [(b"www-authenticate", b"Bearer")])
+                await _reply(
+                    send,
+                    401,
+                    "missing or wrong bearer token",
+                    "Unauthorized",
+                    headers=[(b"www-authenticate", b"Bearer")],
+                )
                 return
+        # Starlette decodes %00 into the path; no id or filter may hold a NUL (see lightning_store.limits).
+        if "\x00" in path or b"%00" in scope.get("query_string", b""):
+            field = "path" if "\x00" in path else "query"
+            await _reply(send, 422, f"{field}: contains a NUL character", "InvalidRequestError", field)
+            return
+        if scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
         length = _header(scope, b"content-length")
+        too_large = f"request body over the limit of {self.max_body_bytes} bytes"
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            await _reply(send, 413, f"request body over the limit of {self.max_body_bytes} bytes")
+            await _reply(send, 413, too_large, "PayloadTooLarge", "body")
             return
-        if scope["method"] in ("POST", "PUT", "PATCH") and length not in (None, "0"):
-            content_type = (_header(scope, b"content-type") or "").split(";")[0].strip().lower()
-            allowed = OTLP_TYPES if path == "/v1/traces" else JSON_TYPES
-            if content_type not in allowed:
-                await _reply(send, 415, f"content type must be one of: {', '.join(allowed)}")
-                return
-        if length is None and scope["method"] in ("POST", "PUT", "PATCH"):
+        streamed: bytes | None = None
+        if length is None:
             # A streamed (chunked) body has no Content-Length: read it here, counting, before any route sees it.
-            body = await self._read_limited(receive)
-            if body is None:
-                await _reply(send, 413, f"request body over the limit of {self.max_body_bytes} bytes")
+            streamed = await self._read_limited(receive)
+            if streamed is None:
+                await _reply(send, 413, too_large, "PayloadTooLarge", "body")
                 return
-            await self.app(scope, _replay(body), send)
+        content_type = (_header(scope, b"content-type") or "").split(";")[0].strip().lower()
+        allowed = OTLP_TYPES if path == "/v1/traces" else JSON_TYPES
+        if content_type not in allowed and (length not in (None, "0") or streamed):
+            await _reply(
+                send, 415, f"content type must be one of: {', '.join(allowed)}", "UnsupportedMediaType", "body"
+            )
             return
-        await self.app(scope, receive, send)
+        await self.app(scope, receive if streamed is None else _replay(streamed, receive), send)
 
     async def _read_limited(self, receive: Receive) -> bytes | None:
         chunks: list[bytes] = []
@@ -96,14 +120,15 @@ class Guards:
                 return b"".join(chunks)
 
 
-def _replay(body: bytes) -> Receive:
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """The body read ahead, then the connection's own messages (so that a disconnect is seen when it happens)."""
     sent = False
 
-    async def receive() -> Message:
+    async def replayed() -> Message:
         nonlocal sent
         if sent:
-            return {"type": "http.disconnect"}
+            return await receive()
         sent = True
         return {"type": "http.request", "body": body, "more_body": False}
 
-    return receive
+    return replayed

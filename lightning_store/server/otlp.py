@@ -9,7 +9,6 @@ counted as rejected in the OTLP partial-success answer; the others are stored in
 from __future__ import annotations
 
 import base64
-import json
 import zlib
 from typing import Any
 
@@ -23,6 +22,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from lightning_store.errors import InvalidRequestError
+from lightning_store.limits import MAX_SEQUENCE_ID, check_json
+from lightning_store.server.json_body import decode
 from lightning_store.server.routes_rollouts import Store
 
 router = APIRouter()
@@ -36,7 +37,7 @@ async def export_traces(request: Request, store: Store) -> Response:
     body = _decompressed(await request.body(), request.headers.get("content-encoding", ""), request.app.state.max_body)
     as_json = request.headers.get("content-type", "").split(";")[0].strip().lower() == "application/json"
     export = _parse(body, as_json)
-    spans, rejected = _spans(export)
+    spans, rejected, problem = _spans(export)
     missing = [i for i, span in enumerate(spans) if span["sequence_id"] is None]
     if spans and len(missing) == len(spans):  # the usual case: the store numbers them as it writes them
         await store.add_many_spans(spans, allocate_sequence_ids=True)  # type: ignore[arg-type]  # validated there
@@ -50,7 +51,7 @@ async def export_traces(request: Request, store: Store) -> Response:
     answer = ExportTraceServiceResponse()
     if rejected:
         answer.partial_success.rejected_spans = rejected
-        answer.partial_success.error_message = "spans without agentlightning.rollout_id/attempt_id were dropped"
+        answer.partial_success.error_message = problem
     if as_json:
         return Response(json_format.MessageToJson(answer), media_type="application/json")
     return Response(answer.SerializeToString(), media_type="application/x-protobuf")
@@ -74,10 +75,15 @@ def _parse(body: bytes, as_json: bool) -> ExportTraceServiceRequest:
     try:
         if as_json:
             # OTLP/JSON writes trace and span ids as hex; protobuf's JSON mapping expects base64 for bytes.
-            json_format.ParseDict(_hex_ids_to_base64(json.loads(body or b"{}")), export)
+            payload = decode(body or b"{}", checked=False)
+            if not isinstance(payload, dict):
+                raise InvalidRequestError("body: an OTLP export request must be a JSON object", field="body")
+            json_format.ParseDict(_hex_ids_to_base64(payload), export)
         else:
             export.ParseFromString(body)
-    except (DecodeError, json_format.ParseError, ValueError) as exc:
+    except InvalidRequestError:
+        raise
+    except (DecodeError, json_format.ParseError, ValueError, RecursionError) as exc:
         raise InvalidRequestError(f"undecodable OTLP traces payload: {exc}", field="body") from None
     return export
 
@@ -95,9 +101,13 @@ def _hex_ids_to_base64(value: Any) -> Any:
     return value
 
 
-def _spans(export: ExportTraceServiceRequest) -> tuple[list[dict[str, Any]], int]:
+def _spans(export: ExportTraceServiceRequest) -> tuple[list[dict[str, Any]], int, str]:
+    """The export's spans in the store's shape, how many were dropped, and why the last one was: a span without
+    rollout and attempt ids, or one whose values break the store's limits (a NUL in a string, say), is dropped
+    alone so that it does not sink its batch (OTLP's partial success)."""
     spans: list[dict[str, Any]] = []
     rejected = 0
+    problem = ""
     for resource_spans in export.resource_spans:
         resource = _attributes(resource_spans.resource.attributes)
         for scope_spans in resource_spans.scope_spans:
@@ -107,6 +117,7 @@ def _spans(export: ExportTraceServiceRequest) -> tuple[list[dict[str, Any]], int
                 attempt_id = _lookup("attempt_id", attributes, resource)
                 if rollout_id is None or attempt_id is None:
                     rejected += 1
+                    problem = "spans without agentlightning.rollout_id/attempt_id were dropped"
                     continue
                 context = {
                     "trace_id": proto.trace_id.hex(),
@@ -155,7 +166,13 @@ def _spans(export: ExportTraceServiceRequest) -> tuple[list[dict[str, Any]], int
                         "resource": {"attributes": resource, "schema_url": resource_spans.schema_url},
                     }
                 )
-    return spans, rejected
+                try:
+                    check_json(spans[-1], "span")
+                except InvalidRequestError as exc:
+                    spans.pop()
+                    rejected += 1
+                    problem = f"a span was dropped: {exc}"
+    return spans, rejected, problem
 
 
 def _lookup(name: str, attributes: dict[str, Any], resource: dict[str, Any]) -> Any:
@@ -171,7 +188,7 @@ def _sequence_id(value: Any) -> int | None:
         number = int(str(value))
     except ValueError:
         return None
-    return number if number >= 0 else None
+    return number if 0 <= number <= MAX_SEQUENCE_ID else None
 
 
 def _attributes(items: Any) -> dict[str, Any]:

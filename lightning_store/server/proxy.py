@@ -28,12 +28,13 @@ from lightning_store.contract import LightningStore
 from lightning_store.errors import InvalidRequestError, NotFoundError
 from lightning_store.llm_calls import LlmCall
 from lightning_store.resources import LLM, ProxyLLM, ResourcesUpdate
+from lightning_store.server.json_body import CheckedJsonRoute
 from lightning_store.server.recorder import CallRecord, CallRecorder
 from lightning_store.server.routes_rollouts import Store
 from lightning_store.spans import Span
 
 logger = logging.getLogger(__name__)
-router = APIRouter()
+router = APIRouter(route_class=CheckedJsonRoute)
 UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError)
 """What a failed upstream call raises (aiohttp's own errors, and its timeouts)."""
 SAMPLING_KEYS = (

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lightning_store.contract import LightningStore
-from lightning_store.errors import NotFoundError
+from lightning_store.errors import DatabaseUnavailableError, NotFoundError
 from lightning_store.llm_calls import LlmCall
 from lightning_store.spans import Span
 
@@ -75,6 +75,8 @@ class CallRecorder:
                 # An attempt of the batch is gone (deleted with its rollout): the others still land.
                 for record in batch:
                     await self._write_alone(record)
+            except DatabaseUnavailableError as exc:
+                logger.warning("could not record %d LLM calls: %s", len(batch), exc)  # no traceback for an outage
             except Exception:
                 logger.exception("could not record %d LLM calls", len(batch))
             finally:

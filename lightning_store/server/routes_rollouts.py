@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Request
+from fastapi import APIRouter, Body, Depends, Request, Response
 
 from lightning_store.contract import LightningStore
 from lightning_store.server import wire
+from lightning_store.server.json_body import CheckedJsonRoute
+from lightning_store.server.shutdown import LongPolls
 
-router = APIRouter(prefix="/v1/agl")
+router = APIRouter(prefix="/v1/agl", route_class=CheckedJsonRoute)
 
 
 async def get_store(request: Request) -> LightningStore:
@@ -21,6 +24,11 @@ async def get_store(request: Request) -> LightningStore:
 Store = Annotated[LightningStore, Depends(get_store)]
 
 
+def long_polls(request: Request) -> LongPolls:
+    polls: LongPolls = request.app.state.long_polls
+    return polls
+
+
 @router.post("/queues/rollouts/enqueue", status_code=201)
 async def enqueue(body: wire.EnqueueBody, store: Store) -> list[dict[str, Any]]:
     rollouts = await store.enqueue_many_rollouts(body.rollouts)
@@ -28,10 +36,14 @@ async def enqueue(body: wire.EnqueueBody, store: Store) -> list[dict[str, Any]]:
 
 
 @router.post("/queues/rollouts/dequeue")
-async def dequeue(store: Store, body: Annotated[wire.DequeueBody | None, Body()] = None) -> list[dict[str, Any]]:
+async def dequeue(
+    store: Store, request: Request, response: Response, body: Annotated[wire.DequeueBody | None, Body()] = None
+) -> list[dict[str, Any]]:
     body = body or wire.DequeueBody()
     timeout = None if body.timeout is None else wire.long_poll(body.timeout)
-    claimed = await store.dequeue_many_rollouts(limit=body.limit, worker_id=body.worker_id, timeout=timeout)
+    claim = functools.partial(store.dequeue_many_rollouts, limit=body.limit, worker_id=body.worker_id, timeout=timeout)
+    # A blocking dequeue is a long-poll: it answers [] at once when the server shuts down or its client leaves.
+    claimed = await (long_polls(request).run(request, response, claim) if timeout else claim())
     return [wire.rollout_json(r) for r in claimed]
 
 
@@ -103,8 +115,14 @@ async def end_attempts(body: wire.EndAttemptsBody, store: Store, request: Reques
 
 
 @router.post("/waits/rollouts")
-async def wait_for_rollouts(body: wire.WaitBody, store: Store) -> list[dict[str, Any]]:
-    done = await store.wait_for_rollouts(rollout_ids=body.rollout_ids, timeout=wire.long_poll(body.timeout))
+async def wait_for_rollouts(
+    body: wire.WaitBody, store: Store, request: Request, response: Response
+) -> list[dict[str, Any]]:
+    wait = functools.partial(
+        store.wait_for_rollouts, rollout_ids=body.rollout_ids, timeout=wire.long_poll(body.timeout)
+    )
+    # Answers with the rollouts finished so far at once when the server shuts down or its client leaves.
+    done = await long_polls(request).run(request, response, wait)
     return [wire.rollout_json(r, with_attempt=False) for r in done]
 
 

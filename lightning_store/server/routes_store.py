@@ -4,22 +4,38 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Query
+from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import TypeAdapter
 
+from lightning_store.errors import DatabaseUnavailableError, InvalidRequestError
 from lightning_store.resources import NamedResources
 from lightning_store.server import wire
+from lightning_store.server.json_body import CheckedJsonRoute
+from lightning_store.server.outage import HEALTH_TIMEOUT, unavailable_response
 from lightning_store.server.routes_rollouts import Store
 from lightning_store.spans import Span
 
-router = APIRouter(prefix="/v1/agl")
+router = APIRouter(prefix="/v1/agl", route_class=CheckedJsonRoute)
 _resources: TypeAdapter[NamedResources] = TypeAdapter(NamedResources)
 
 
-@router.get("/health")
-async def health() -> dict[str, str]:
-    return {"status": "ok"}
+@router.get(
+    "/health",
+    response_model=dict[str, str],
+    responses={503: {"description": "The database cannot be reached: `status` unavailable, `database` unreachable"}},
+)
+async def health(request: Request) -> Any:
+    """`{"status": "ok", "database": "ok"}` when the database answers `SELECT 1` within a short timeout, else 503.
+    Open without the token (Agent Lightning's client probes it before it retries)."""
+    check = getattr(request.app.state.store, "check_database", None)
+    if check is None:  # a store without a database of its own
+        return {"status": "ok"}
+    try:
+        await check(timeout=HEALTH_TIMEOUT)
+    except DatabaseUnavailableError:
+        return unavailable_response(status="unavailable", database="unreachable")
+    return {"status": "ok", "database": "ok"}
 
 
 @router.get("/statistics")
@@ -29,7 +45,11 @@ async def statistics(store: Store) -> dict[str, Any]:
 
 @router.post("/spans", status_code=201)
 async def add_span(body: Annotated[Any, Body()], store: Store) -> JSONResponse:
-    added = await store.add_many_spans([body])  # the store validates and names fields
+    try:
+        added = await store.add_many_spans([body])  # the store validates and names fields
+    except InvalidRequestError as exc:  # named as the batch's first span: name it as this body's field
+        field = (exc.field or "").removeprefix("spans.0.") or None
+        raise InvalidRequestError(exc.message.removeprefix("spans.0."), field=field) from None
     return JSONResponse(added[0].model_dump(mode="json") if added else None, status_code=201)
 
 

@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import ipaddress
 import os
 from typing import Any
 
 import uvicorn
+from uvicorn.config import LOGGING_CONFIG
 
+from lightning_store import aio
 from lightning_store.errors import InvalidRequestError
+from lightning_store.migrate import prepare_database
 from lightning_store.settings import ServerSettings, load_server_settings
 from lightning_store.sql.engine import is_sqlite, normalize_url
+
+SHUTDOWN_GRACE_SECONDS = 1
+"""How long a stopping server lets requests in flight finish before it cancels them. Long-polls do not count:
+they answer at once when the server stops (:mod:`lightning_store.server.shutdown`); this bounds the rest (an LLM
+call the proxy is waiting on, say), whose clients see the connection close."""
 
 
 def is_loopback(host: str) -> bool:
@@ -37,19 +46,30 @@ def check(settings: ServerSettings) -> None:
 
 def serve(settings: ServerSettings, *, log_level: str = "info") -> None:
     check(settings)
+    # Migrate, or refuse a database that cannot be reached or is not migrated, before any process starts.
+    settings = asyncio.run(prepare_database(settings))
     if settings.workers == 1:
         from lightning_store.server.app import create_app
 
         app = create_app(settings, freeze_heap=True)
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level)
+        uvicorn.run(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level=log_level,
+            log_config=log_config(log_level),
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
+        )
         return
-    if settings.migrate_on_start:
-        _migrate_once(settings)
     # Workers are separate processes: they read their settings from the environment we pass down.
     for name, value in settings.model_dump(exclude={"workers"}).items():
         if value is not None:
             os.environ[f"LIGHTNING_STORE_{name.upper()}"] = str(value)
     os.environ["LIGHTNING_STORE_MIGRATE_ON_START"] = "false"
+    # This process only supervises the workers. Freezing what it holds also keeps its exit short: tearing down
+    # the modules the ``store`` command's plugins import (torch among them) took over a second of garbage
+    # collection after the workers had stopped.
+    aio.freeze_startup_heap()
     uvicorn.run(
         "lightning_store.server.run:app_from_environment",
         factory=True,
@@ -57,6 +77,8 @@ def serve(settings: ServerSettings, *, log_level: str = "info") -> None:
         port=settings.port,
         workers=settings.workers,
         log_level=log_level,
+        log_config=log_config(log_level),
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
     )
 
 
@@ -66,15 +88,9 @@ def app_from_environment() -> Any:
     return create_app(load_server_settings(), freeze_heap=True)
 
 
-def _migrate_once(settings: ServerSettings) -> None:
-    from lightning_store.migrate import upgrade
-    from lightning_store.sql.engine import make_engine
-
-    async def run() -> None:
-        engine = make_engine(settings.database_url)
-        try:
-            await upgrade(engine)
-        finally:
-            await engine.dispose()
-
-    asyncio.run(run())
+def log_config(log_level: str) -> dict[str, Any]:
+    """uvicorn's logging, with the store's own loggers (``lightning_store.*``: the watchdog, the listener, the
+    error handlers) printed the same way at the same level."""
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["loggers"]["lightning_store"] = {"handlers": ["default"], "level": log_level.upper(), "propagate": False}
+    return config

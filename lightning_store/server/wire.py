@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lightning_store.contract import UNSET
 from lightning_store.errors import InvalidRequestError
+from lightning_store.limits import Count, Id, Int64, Limit
 from lightning_store.models import (
     AttemptEnd,
     AttemptStatus,
@@ -33,7 +34,9 @@ MAX_LONG_POLL_SECONDS = 25.0
 
 
 class Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A request body: unknown keys refused, and no coercion of its own fields (``false`` is not an offset)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class EnqueueBody(Body):
@@ -41,25 +44,25 @@ class EnqueueBody(Body):
 
 
 class DequeueBody(Body):
-    limit: int = 1
-    worker_id: str | None = None
+    limit: Int64 = 1
+    worker_id: Id | None = None
     timeout: float | None = Field(default=None, ge=0, description="Long-poll up to this many seconds (addition).")
 
 
 class StartRolloutBody(Body):
     input: Any = None
     mode: RolloutMode | None = None
-    resources_id: str | None = None
+    resources_id: Id | None = None
     config: RolloutConfig | None = None
     metadata: dict[str, Any] | None = None
-    worker_id: str | None = None
+    worker_id: Id | None = None
 
 
 class PageBody(Body):
     sort_by: str | None = None
     sort_order: SortOrder = "asc"
-    limit: int = -1
-    offset: int = 0
+    limit: Limit = -1
+    offset: Count = 0
 
 
 class QueryRolloutsBody(PageBody):
@@ -76,7 +79,7 @@ class QueryRolloutsBody(PageBody):
 class UpdateRolloutBody(Body):
     input: Any = None
     mode: RolloutMode | None = None
-    resources_id: str | None = None
+    resources_id: Id | None = None
     status: RolloutStatus | None = None
     config: RolloutConfig | None = None
     metadata: dict[str, Any] | None = None
@@ -86,7 +89,7 @@ class UpdateRolloutBody(Body):
 
 
 class StartAttemptBody(Body):
-    worker_id: str | None = None
+    worker_id: Id | None = None
 
 
 class QueryAttemptsBody(PageBody):
@@ -95,7 +98,7 @@ class QueryAttemptsBody(PageBody):
 
 class UpdateAttemptBody(Body):
     status: AttemptStatus | None = None
-    worker_id: str | None = None
+    worker_id: Id | None = None
     last_heartbeat_time: float | None = None
     metadata: dict[str, Any] | None = None
     if_current: bool = False
@@ -137,7 +140,7 @@ class SearchSpansBody(PageBody):
     attributes_match: dict[str, Any] | None = None
     start_time_from: float | None = None
     start_time_to: float | None = None
-    limit: int = 1000
+    limit: Limit = 1000
 
 
 class SpansBody(Body):

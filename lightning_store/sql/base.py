@@ -6,6 +6,9 @@ the process (SQLite has one writer; queueing here is cheaper than busy-waiting i
 never waits for a pooled connection behind a burst of readers (64 LLM calls reading their rollouts' resources at
 once held one for 200 ms). Postgres writes that wake waiters ``pg_notify`` inside the transaction, so waiters in
 other processes see the change only once it is committed.
+
+An error that says the database cannot be reached (refused, cut, timed out: :func:`engine.unavailable_reason`)
+leaves both as :class:`~lightning_store.errors.DatabaseUnavailableError`, whatever driver raised it.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from dataclasses import dataclass, field
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from lightning_store import waits
 from lightning_store.settings import StoreSettings
-from lightning_store.sql.engine import WRITE_OPTION, is_sqlite
+from lightning_store.sql.engine import WRITE_OPTION, is_sqlite, unavailable_as_error
 from lightning_store.sql.notify import TOPICS, Topic, notify_clause
 
 
@@ -60,30 +64,32 @@ class SqlBase:
 
     @contextlib.asynccontextmanager
     async def _read(self) -> AsyncIterator[AsyncConnection]:
-        async with self.engine.connect() as conn, conn.begin():
-            yield conn
+        with unavailable_as_error():
+            async with self.engine.connect() as conn, conn.begin():
+                yield conn
 
     @contextlib.asynccontextmanager
     async def _write(self) -> AsyncIterator[tuple[AsyncConnection, Wakeups]]:
         """A write transaction; topics added to the yielded ``Wakeups`` are signalled after commit."""
         wakeups = Wakeups()
         lock = self._write_lock if self.is_sqlite else contextlib.nullcontext()
-        async with lock, self.writer.connect() as conn:
-            await conn.execution_options(**{WRITE_OPTION: True})
-            async with conn.begin():
-                yield conn, wakeups
-                if not self.is_sqlite:
-                    for topic in sorted(wakeups.topics):
-                        await conn.execute(notify_clause(topic))
+        with unavailable_as_error():
+            async with lock, self.writer.connect() as conn:
+                await conn.execution_options(**{WRITE_OPTION: True})
+                async with conn.begin():
+                    yield conn, wakeups
+                    if not self.is_sqlite:
+                        for topic in sorted(wakeups.topics):
+                            await conn.execute(notify_clause(topic))
         for topic in wakeups.topics:
             self.topics[topic].signal()
 
     async def _wait_for_change(self, topic: str, deadline: float | None) -> bool:
         """Sleep until ``topic`` is signalled, the poll interval passes, or ``deadline``; ``False`` once past
-        the deadline."""
+        the deadline, or once the wait was ended early (:mod:`lightning_store.waits`)."""
         remaining = None if deadline is None else deadline - time.monotonic()
-        if remaining is not None and remaining <= 0:
+        if (remaining is not None and remaining <= 0) or waits.ended():
             return False
         step = self.poll_interval if remaining is None else min(self.poll_interval, remaining)
         await self.topics[topic].wait(step)
-        return True
+        return not waits.ended()

@@ -4,12 +4,38 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Sequence
+from decimal import Decimal
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.elements import ColumnElement
+
+_STRING_OR_BIG_FLOAT = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|(-?\d+(?:\.\d+)?[eE]\+?\d+)')
+_POSITIVE_EXPONENT = re.compile(r"\d[eE]\+?\d")
+
+
+def jsonb_text(text: str) -> str:
+    """JSON text as Postgres's ``jsonb`` keeps it: a float written with a positive exponent (``1e+16``, or
+    ``1e16`` as pydantic writes it) is written out in full with a decimal point.
+
+    Why: ``jsonb`` stores numbers as ``numeric`` and prints them without an exponent, so ``1e+16`` would come
+    back as the integer ``10000000000000000`` (SQLite keeps it a float)."""
+    if _POSITIVE_EXPONENT.search(text) is None:
+        return text
+    return _STRING_OR_BIG_FLOAT.sub(_written_out, text)
+
+
+def _written_out(found: re.Match[str]) -> str:
+    number = found.group(1)
+    return found.group(0) if number is None else format(Decimal(number), "f") + ".0"
+
+
+def postgres_json(value: Any) -> str:
+    """The JSON serializer of Postgres engines (see :func:`jsonb_text`)."""
+    return jsonb_text(json.dumps(value))
 
 
 def insert_ignoring_conflicts(dialect_name: str, table: sa.Table, conflict_columns: Sequence[str]) -> sa.Insert:
@@ -20,21 +46,36 @@ def insert_ignoring_conflicts(dialect_name: str, table: sa.Table, conflict_colum
 
 
 def json_matches(dialect_name: str, column: Any, key: str, value: Any) -> ColumnElement[bool]:
-    """``column[key] == value`` for a JSON object column (scalars, lists and objects alike)."""
+    """``column[key] == value`` for a JSON object column (scalars, lists and objects alike): equality, not
+    containment. On SQLite an object value equals the stored one when its keys come in the same order."""
     if dialect_name == "postgresql":
-        matches: ColumnElement[bool] = sa.cast(column, postgresql.JSONB).contains({key: value})
+        matches: ColumnElement[bool] = sa.cast(column, postgresql.JSONB)[key] == sa.bindparam(
+            None, value, type_=postgresql.JSONB
+        )
         return matches
+    if '"' in key or "\\" in key:
+        # SQLite's JSON paths cannot quote these characters; json_each names the key as a plain value.
+        entry = sa.func.json_each(column).table_valued("key", "value", "type").alias()
+        found = sa.select(entry.c.value).where(entry.c.key == key).scalar_subquery()
+        kind = sa.select(entry.c.type).where(entry.c.key == key).scalar_subquery()
+        return _sqlite_equals(found, kind, value)
     path = "$." + json.dumps(key)
-    extracted: ColumnElement[Any] = sa.func.json_extract(column, path)
+    return _sqlite_equals(sa.func.json_extract(column, path), sa.func.json_type(column, path), value)
+
+
+def _sqlite_equals(extracted: Any, kind: Any, value: Any) -> ColumnElement[bool]:
+    """``extracted`` (an SQL value, or minified JSON text for arrays and objects) of JSON type ``kind`` equals
+    the JSON ``value``; the type is compared too, since SQLite gives ``true`` and ``1`` the same SQL value."""
     if isinstance(value, bool):
-        return extracted == int(value)
-    if isinstance(value, dict | list):
-        return extracted == json.dumps(value, separators=(",", ":"))
+        return kind == ("true" if value else "false")  # type: ignore[no-any-return]
     if value is None:
-        kind: ColumnElement[Any] = sa.func.json_type(column, path)
-        return kind == "null"
-    equal: ColumnElement[bool] = extracted == value
-    return equal
+        return kind == "null"  # type: ignore[no-any-return]
+    kinds: tuple[str, ...]
+    if isinstance(value, dict | list):
+        expected, kinds = json.dumps(value, separators=(",", ":")), ("object", "array")
+    else:
+        expected, kinds = value, ("text",) if isinstance(value, str) else ("integer", "real")
+    return sa.and_(extracted == expected, kind.in_(kinds))
 
 
 def contains_text(dialect_name: str, column: Any, needle: str) -> ColumnElement[bool]:

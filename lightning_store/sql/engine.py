@@ -2,19 +2,34 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 from sqlalchemy import event
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
-from lightning_store.errors import InvalidRequestError
+from lightning_store.errors import DatabaseUnavailableError, InvalidRequestError
 from lightning_store.sql import sqlite_driver
+from lightning_store.sql.dialect import postgres_json
 
 WRITE_OPTION = "lightning_store_write"
 """Execution option that marks a connection as a writer (``BEGIN IMMEDIATE`` on SQLite)."""
+
+CONNECT_TIMEOUT = 10.0
+"""Seconds a new Postgres connection may take (asyncpg's default, 60 s, outlasts every client's patience)."""
+
+UNAVAILABLE_SQLSTATES = ("08", "53", "57P01", "57P02", "57P03", "3D000", "28")
+"""Postgres error codes (or their classes) that mean the database cannot serve us now: connection exceptions,
+insufficient resources (too many connections, disk full), shutting down or starting up, the database missing,
+the credentials refused."""
+UNAVAILABLE_SQLITE_CODES = frozenset({5, 6, 10, 13, 14})
+"""SQLite primary result codes that say the same: BUSY and LOCKED (past the busy timeout), IOERR, FULL, CANTOPEN."""
 
 
 def normalize_url(url: str | URL) -> URL:
@@ -41,7 +56,13 @@ def make_engine(url: str | URL, *, pool_size: int = 10) -> AsyncEngine:
     one trip to its connection's thread per statement (:mod:`lightning_store.sql.sqlite_driver`)."""
     parsed = normalize_url(url)
     if not is_sqlite(parsed):
-        return create_async_engine(parsed, pool_size=pool_size, max_overflow=pool_size)
+        return create_async_engine(
+            parsed,
+            pool_size=pool_size,
+            max_overflow=pool_size,
+            json_serializer=postgres_json,
+            connect_args={"timeout": CONNECT_TIMEOUT},
+        )
     kwargs: dict[str, Any] = {}
     if is_memory_sqlite(parsed):
         kwargs["poolclass"] = StaticPool
@@ -79,3 +100,60 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
         # with SQLITE_BUSY at once when another process also writes, without waiting for busy_timeout.
         immediate = conn.get_execution_options().get(WRITE_OPTION, False)
         conn.exec_driver_sql(sqlite_driver.BEGIN_IMMEDIATE if immediate else sqlite_driver.BEGIN)
+
+
+def unavailable_reason(exc: BaseException) -> str | None:
+    """One line on why the database cannot be reached when ``exc`` says so, else ``None`` (a bug, a constraint,
+    a bad statement). The one place that decides what a database outage looks like.
+
+    What an outage raises (found by cutting a forwarder between the store and Postgres): a refused or failed
+    connect is a bare ``OSError`` (``ConnectionRefusedError``, ``ConnectionResetError``, ``socket.gaierror``;
+    a connect that hangs, ``TimeoutError``); a pooled connection cut under a statement is a ``DBAPIError``
+    marked ``connection_invalidated`` (asyncpg's ``ConnectionDoesNotExistError``, SQLSTATE 08003, or, for a
+    backend terminated by the server, an ``InternalClientError``); a pool with no connection free in time is
+    ``sqlalchemy.exc.TimeoutError``; a server that is down for maintenance, full, missing the database or
+    turning the role away answers one of :data:`UNAVAILABLE_SQLSTATES`; SQLite, one of
+    :data:`UNAVAILABLE_SQLITE_CODES`.
+    """
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain and len(chain) < 16:
+        chain.append(current)
+        orig = current.orig if isinstance(current, sa_exc.DBAPIError) else None
+        current = orig if isinstance(orig, BaseException) and orig is not current else current.__cause__
+    if not any(_means_unavailable(link) for link in chain):
+        return None
+    for link in reversed(chain):  # the innermost one that says something
+        if isinstance(link, asyncio.CancelledError | sa_exc.StatementError):
+            continue
+        message = str(link).strip() or ("timed out" if isinstance(link, TimeoutError) else "")
+        if message:
+            return f"{type(link).__name__}: {message.splitlines()[0][:300]}"
+    return type(exc).__name__
+
+
+def _means_unavailable(exc: BaseException) -> bool:
+    if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    if isinstance(exc, OSError | sa_exc.TimeoutError):
+        return True
+    sqlstate = getattr(exc, "sqlstate", None)
+    if isinstance(sqlstate, str) and sqlstate.startswith(UNAVAILABLE_SQLSTATES):
+        return True
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF in UNAVAILABLE_SQLITE_CODES
+
+
+@contextlib.contextmanager
+def unavailable_as_error() -> Iterator[None]:
+    """Raise :class:`DatabaseUnavailableError` (from the original) for an error that says the database cannot
+    be reached; let every other error through unchanged."""
+    try:
+        yield
+    except DatabaseUnavailableError:
+        raise
+    except Exception as exc:
+        reason = unavailable_reason(exc)
+        if reason is None:
+            raise
+        raise DatabaseUnavailableError(reason) from exc

@@ -17,6 +17,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
+from lightning_store import waits
+from lightning_store.sql.engine import CONNECT_TIMEOUT
+
 logger = logging.getLogger(__name__)
 
 CHANNEL = "lightning_store"
@@ -34,8 +37,9 @@ class Topic:
         self._event = asyncio.Event()
 
     async def wait(self, timeout: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._event.wait(), timeout)
+        """Return on the next ``signal``, after ``timeout`` seconds, or once the enclosing
+        :func:`lightning_store.waits.until` ends."""
+        await waits.sleep(self._event, timeout)
 
 
 def notify_clause(topic: str) -> sa.TextClause:
@@ -71,13 +75,17 @@ class PostgresListener:
     async def _run(self) -> None:
         import asyncpg
 
+        failing = False  # connecting has failed since the last connection: logged once, not every retry
         while True:
             conn = None
             try:
-                conn = await asyncpg.connect(self._dsn)
+                conn = await asyncpg.connect(self._dsn, timeout=CONNECT_TIMEOUT)
                 lost = asyncio.Event()
                 conn.add_termination_listener(lambda _c, lost=lost: lost.set())
                 await conn.add_listener(CHANNEL, self._on_notification)
+                if failing:
+                    logger.info("store listener reconnected to Postgres")
+                    failing = False
                 self.connected.set()
                 # Whatever happened while we were away may have been missed: wake everyone to re-check.
                 for topic in self._topics.values():
@@ -86,7 +94,14 @@ class PostgresListener:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                logger.warning("store listener lost its Postgres connection: %s", exc)
+                if not failing:
+                    logger.warning(
+                        "store listener lost its Postgres connection (%s: %s); retrying every %g s",
+                        type(exc).__name__,
+                        exc,
+                        self._retry_interval,
+                    )
+                    failing = True
             finally:
                 self.connected.clear()
                 if conn is not None and not conn.is_closed():

@@ -9,13 +9,14 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from lightning_store.errors import InvalidRequestError
+from lightning_store.limits import MAX_INT
 
 
 def check_page(limit: int, offset: int) -> None:
-    if limit < -1:
-        raise InvalidRequestError("limit must be -1 (no limit) or a non-negative integer", field="limit")
-    if offset < 0:
-        raise InvalidRequestError("offset must be a non-negative integer", field="offset")
+    if not -1 <= limit <= MAX_INT:
+        raise InvalidRequestError("limit must be -1 (no limit) or a non-negative 64-bit integer", field="limit")
+    if not 0 <= offset <= MAX_INT:
+        raise InvalidRequestError("offset must be a non-negative 64-bit integer", field="offset")
 
 
 def sort_column(table: sa.Table, sort_by: str | None, sortable: Sequence[str]) -> sa.Column[Any] | None:

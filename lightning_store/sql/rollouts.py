@@ -10,6 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from lightning_store import waits
 from lightning_store.contract import UNSET, Unset
 from lightning_store.models import (
     ROLLOUT_MODES,
@@ -322,7 +323,8 @@ class RolloutOps(AttemptOps, WorkerOps):
                 )
                 # An unknown id never finishes (as in Agent Lightning): it is waited for, then left out.
                 done = [rollout_id for rollout_id, status in rows if status in TERMINAL_ROLLOUT_STATUSES]
-                if len(done) == len(wanted) or (deadline is not None and time.monotonic() >= deadline):
+                past_deadline = deadline is not None and time.monotonic() >= deadline
+                if len(done) == len(wanted) or past_deadline or waits.ended():
                     stored = await self._rollouts_by_id(conn, done)
                     return [stored[rollout_id] for rollout_id in wanted if rollout_id in stored]
             await self._wait_for_change("done", deadline)

@@ -19,7 +19,7 @@ from lightning_store.models import FilterLogic, PaginatedResult, SortOrder
 from lightning_store.spans import Span
 from lightning_store.sql import validate
 from lightning_store.sql.attempts import AttemptOps
-from lightning_store.sql.dialect import contains_text, insert_from_json_array
+from lightning_store.sql.dialect import contains_text, insert_from_json_array, jsonb_text
 from lightning_store.sql.paging import combine, fetch_page
 from lightning_store.sql.rows import span_from_row
 from lightning_store.sql.schema import attempts, rollouts, spans
@@ -127,6 +127,8 @@ class SpanOps(AttemptOps):
                 batch = await self._sequenced(conn, batch)
             # One JSON document for the whole batch, serialized by pydantic's Rust core.
             doc = _span_list.dump_json(batch).decode()
+            if not self.is_sqlite:
+                doc = jsonb_text(doc)
             inserted = await conn.execute(self._insert_spans, {"doc": doc})
             new_keys = {tuple(row) for row in inserted.all()}
             await self._record_heartbeats(conn, batch, latest, now)

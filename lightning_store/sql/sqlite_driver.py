@@ -22,6 +22,7 @@ name it needs; where an aiosqlite release lacks it, :func:`connect` returns plai
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
@@ -59,7 +60,16 @@ async def connect(database: str, **kwargs: Any) -> aiosqlite.Connection:
     # As SQLAlchemy does for connections it opens itself: the thread must not keep the interpreter alive.
     thread: Any = getattr(connection, "_thread", connection)  # aiosqlite < 0.22: the connection is the thread
     thread.daemon = True
-    await connection
+    try:
+        await connection
+    except BaseException:
+        # aiosqlite stops its thread when the connect fails (a file it cannot open): let the thread finish first,
+        # or it may answer to an event loop that has closed by then (a traceback on stderr after a one-line error).
+        for _ in range(100):
+            if not thread.is_alive():
+                break
+            await asyncio.sleep(0.01)
+        raise
     if ONE_TRIP:
         # Instance attributes: the connection is otherwise aiosqlite's own (its thread, queue and close).
         transaction = Transaction()

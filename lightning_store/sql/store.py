@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -9,6 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from lightning_store.contract import StoreStatistics
+from lightning_store.errors import DatabaseUnavailableError
 from lightning_store.migrate import upgrade
 from lightning_store.settings import StoreSettings, load_settings
 from lightning_store.sql.engine import is_memory_sqlite, is_sqlite, make_engine, normalize_url
@@ -54,6 +56,15 @@ class SqlStore(RolloutOps, SpanOps, SpanSearchOps, ResourceOps, WatchdogOps, Llm
             uptime=time.time() - self._started_at,
             rollouts_by_status={str(k): int(v) for k, v in by_status.items()},
         )
+
+    async def check_database(self, timeout: float = 2.0) -> None:
+        """``SELECT 1``: returns when the database answers within ``timeout`` seconds, else raises
+        :class:`DatabaseUnavailableError` (what ``/v1/agl/health`` asks)."""
+        try:
+            async with asyncio.timeout(timeout), self._read() as conn:
+                await conn.execute(sa.select(1))
+        except TimeoutError:
+            raise DatabaseUnavailableError(f"no answer within {timeout:g} s") from None
 
     async def start(self, *, watchdog: bool = True) -> None:
         """Start the background tasks: the Postgres listener and (unless disabled) the watchdog."""

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from lightning_store.errors import InvalidRequestError
+from lightning_store.limits import Id
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -37,6 +38,13 @@ def model(cls: type[M], value: Any, field: str) -> M:
 
 
 def non_empty_id(value: Any, field: str) -> str:
+    """An id the store is about to write: a string within :data:`lightning_store.limits.Id`'s rules."""
     if not isinstance(value, str) or not value:
         raise InvalidRequestError(f"{field} must be a non-empty string", field=field)
-    return value
+    try:
+        return _ID.validate_python(value)
+    except ValidationError as exc:
+        raise InvalidRequestError(f"{field}: {exc.errors()[0]['msg']}", field=field) from None
+
+
+_ID: TypeAdapter[str] = TypeAdapter(Id)

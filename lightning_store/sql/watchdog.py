@@ -1,7 +1,9 @@
 """The watchdog: marks timed-out and unresponsive attempts whether or not anyone calls the store.
 
 One scan is one transaction. On Postgres, ``pg_try_advisory_xact_lock`` lets a single process scan at a time
-(others skip that round), so several server processes do not race each other over the same attempts.
+(others skip that round), so several server processes do not race each other over the same attempts. While the
+database cannot be reached, the rounds keep trying: one WARNING line when the outage starts, one INFO line when
+it ends.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 import sqlalchemy as sa
 
 from lightning_store import lifecycle
+from lightning_store.errors import DatabaseUnavailableError
 from lightning_store.models import ACTIVE_ROLLOUT_STATUSES, RolloutConfig
 from lightning_store.sql import transitions
 from lightning_store.sql.attempts import AttemptOps
@@ -81,15 +84,27 @@ class WatchdogOps(AttemptOps):
             await asyncio.gather(task, return_exceptions=True)
 
     async def _watch(self, interval: float) -> None:
+        outage_since: float | None = None  # set while scans fail because the database cannot be reached
         while True:
             await asyncio.sleep(interval)
             try:
                 marked = await self.scan_unhealthy()
-                if marked:
-                    logger.info("watchdog marked %d attempt(s) timed out or unresponsive", marked)
+            except DatabaseUnavailableError as exc:
+                # One line per outage, not a traceback per round: the next rounds retry until it is back.
+                if outage_since is None:
+                    outage_since = time.monotonic()
+                    logger.warning("watchdog: cannot reach the database (%s); scans resume when it is back", exc.reason)
+                continue
             except Exception:
-                # The watchdog must outlive a transient database error; the next round retries.
+                # The watchdog must outlive an unexpected error too; the next round retries.
                 logger.exception("watchdog scan failed")
+                continue
+            if outage_since is not None:
+                down = time.monotonic() - outage_since
+                logger.info("watchdog: the database is reachable again after %.1f s; scans resumed", down)
+                outage_since = None
+            if marked:
+                logger.info("watchdog marked %d attempt(s) timed out or unresponsive", marked)
 
 
 def _has_health_limits(config: RolloutConfig) -> bool:

@@ -1,0 +1,335 @@
+"""``store serve`` when its database goes away, and when it is not ready: real servers, a real network cut.
+
+The network is a TCP forwarder in the test's event loop between ``store serve`` (a subprocess) and Postgres. It can
+go down (every connection cut, new ones refused) and come back, as a database host that restarts or a network
+that breaks does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy.engine import make_url
+
+from lightning_store.client import HttpStore
+from lightning_store.migrate import head_revision
+from lightning_store.spans import Span
+from tests.acceptance.test_cli import store_command
+from tests.acceptance.test_serve import CLEAN_EXIT, clean_env, free_port
+from tests.postgres import TemplateDatabases, admin_url
+
+
+class Network:
+    """A TCP forwarder from a local port to ``target``: ``down()`` cuts every connection and refuses new ones (the
+    port stops listening), ``up()`` listens again on the same port."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._links: set[asyncio.StreamWriter] = set()
+
+    async def up(self) -> None:
+        if self._server is None:
+            self._server = await asyncio.start_server(self._forward, "127.0.0.1", self.port)
+            self.port = self._server.sockets[0].getsockname()[1]
+
+    async def down(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()  # no new connections: a connect is refused
+        for writer in list(self._links):
+            writer.transport.abort()  # a reset, as when the host goes away
+        self._links.clear()
+        if server is not None:
+            await server.wait_closed()
+
+    async def _forward(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            client_writer.transport.abort()
+            return
+        self._links.update((client_writer, upstream_writer))
+
+        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while data := await reader.read(65536):
+                    writer.write(data)
+                    await writer.drain()
+            writer.close()
+
+        await asyncio.gather(pipe(client_reader, upstream_writer), pipe(upstream_reader, client_writer))
+        self._links.difference_update((client_writer, upstream_writer))
+
+
+class LoggedServer:
+    """``store serve`` as a subprocess whose output goes to a file (read while it runs and after it stops)."""
+
+    def __init__(self, *args: str, cwd: Path, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = cwd / "serve.log"
+        self._log = self.log_path.open("w")
+        self.process = subprocess.Popen(
+            [*store_command(), "serve", "--port", str(self.port), *args],
+            cwd=cwd,
+            env={**clean_env(), **(env or {})},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    async def stop(self) -> int | None:
+        """SIGTERM and the exit status, without blocking the event loop (the network lives in it)."""
+        if self.process.poll() is None:
+            self.process.terminate()
+        try:
+            return await asyncio.to_thread(self.process.wait, 20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise
+        finally:
+            self._log.close()
+
+
+async def until(condition: Any, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {seconds} s: {what}")
+        await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+async def migrated_url(pg_templates: TemplateDatabases | None) -> AsyncIterator[str]:
+    if pg_templates is None:
+        pytest.skip("no PostgreSQL server answers at LIGHTNING_STORE_TEST_POSTGRES_URL")
+    url = await pg_templates.clone()
+    yield url
+    await pg_templates.drop(url)
+
+
+@pytest.fixture
+def empty_url(pg_templates: TemplateDatabases | None) -> Iterator[str]:
+    """A fresh Postgres database with no schema at all."""
+    if pg_templates is None:
+        pytest.skip("no PostgreSQL server answers at LIGHTNING_STORE_TEST_POSTGRES_URL")
+    url = asyncio.run(pg_templates.clone(migrated=False))
+    yield url
+    asyncio.run(pg_templates.drop(url))
+
+
+UNAVAILABLE = {"detail": "database unavailable, retry", "field": None, "error_type": "Unavailable"}
+
+
+def data_requests(rollout_id: str, attempt_id: str) -> list[tuple[str, str, Any]]:
+    """One request of each kind: queue, rollouts, attempts, spans, resources, workers, waits, statistics."""
+    span = {"rollout_id": rollout_id, "attempt_id": attempt_id, "sequence_id": 99, "trace_id": "ab" * 16}
+    return [
+        ("POST", "/v1/agl/queues/rollouts/enqueue", {"rollouts": [{"input": {"q": 2}}]}),
+        ("POST", "/v1/agl/queues/rollouts/dequeue", {"limit": 1, "timeout": 5}),  # a long-poll
+        ("POST", "/v1/agl/queues/rollouts/dequeue", {"limit": 1}),
+        ("POST", "/v1/agl/rollouts", {"input": {"q": 3}}),
+        ("POST", "/v1/agl/rollouts/search", {}),
+        ("GET", f"/v1/agl/rollouts/{rollout_id}", None),
+        ("GET", f"/v1/agl/rollouts/{rollout_id}/attempts/latest", None),
+        ("POST", f"/v1/agl/rollouts/{rollout_id}/attempts/{attempt_id}", {"status": "running"}),
+        ("POST", "/v1/agl/spans/batch", {"spans": [{**span, "span_id": "s99", "name": "late"}]}),
+        ("POST", "/v1/agl/spans/search", {"rollout_id": rollout_id}),
+        ("POST", "/v1/agl/spans/next", {"rollout_id": rollout_id, "attempt_id": attempt_id}),
+        ("GET", "/v1/agl/resources/latest", None),
+        ("POST", "/v1/agl/workers/search", {}),
+        ("POST", "/v1/agl/waits/rollouts", {"rollout_ids": [rollout_id], "timeout": 1}),
+        ("GET", "/v1/agl/statistics", None),
+    ]
+
+
+@pytest.mark.postgres
+async def test_an_outage_answers_503_until_the_database_is_back(migrated_url: str, tmp_path: Path) -> None:
+    target = admin_url()
+    network = Network(target.host or "127.0.0.1", target.port or 5432)
+    await network.up()
+    via_network = make_url(migrated_url).set(port=network.port).render_as_string(hide_password=False)
+    server = LoggedServer(
+        "--database-url",
+        via_network,
+        "--log-level",
+        "info",
+        cwd=tmp_path,
+        env={"LIGHTNING_STORE_WATCHDOG_INTERVAL": "0.2"},
+    )
+    http = httpx.AsyncClient(base_url=server.url, timeout=30)
+    client = HttpStore(server.url)
+    try:
+
+        async def healthy() -> bool:
+            with contextlib.suppress(httpx.HTTPError):
+                return (await http.get("/v1/agl/health")).status_code == 200
+            assert server.process.poll() is None, server.log
+            return False
+
+        await until(healthy, 30, "store serve answers its health route")
+        assert (await http.get("/v1/agl/health")).json() == {"status": "ok", "database": "ok"}
+        started = await client.start_rollout({"q": 1})
+        rollout_id, attempt_id = started.rollout_id, started.attempt.attempt_id
+        ids = {"rollout_id": rollout_id, "attempt_id": attempt_id, "trace_id": "ab" * 16}
+        await client.add_many_spans([Span(**ids, sequence_id=1, span_id="s1", name="work")])
+
+        await network.down()
+        # Every data route, twice: the first request after the cut meets a dead pooled connection, the later ones
+        # a refused connect (those used to be 500s).
+        for _ in range(2):
+            for method, path, body in data_requests(rollout_id, attempt_id):
+                answer = await http.request(method, path, json=body)
+                assert answer.status_code == 503, (method, path, answer.text)
+                assert answer.json() == UNAVAILABLE, (method, path)
+                assert answer.headers["retry-after"] == "1"
+        health = await http.get("/v1/agl/health")
+        assert health.status_code == 503
+        assert health.json() == {"status": "unavailable", "database": "unreachable", **UNAVAILABLE}
+        await asyncio.sleep(1.0)  # several watchdog rounds fail meanwhile
+
+        await network.up()
+        await until(healthy, 10, "health is 200 again once the database is back")
+        assert (await http.get("/v1/agl/health")).json() == {"status": "ok", "database": "ok"}
+        for method, path, body in data_requests(rollout_id, attempt_id):
+            answer = await http.request(method, path, json=body)
+            assert answer.status_code < 300, (method, path, answer.text)
+        assert [s.span_id for s in await client.query_spans(rollout_id)] == ["s1", "s99"]
+
+        async def watchdog_resumed() -> bool:
+            return "watchdog: the database is reachable again" in server.log
+
+        await until(watchdog_resumed, 5, "the watchdog logs that the database is back")
+    finally:
+        await client.close()
+        await http.aclose()
+        status = await server.stop()
+        await network.down()
+    assert status in CLEAN_EXIT, server.log
+    log = server.log
+    warnings = [line for line in log.splitlines() if line.startswith("WARNING") and "watchdog" in line]
+    assert len(warnings) == 1, log
+    assert "cannot reach the database (ConnectionRefusedError" in warnings[0]
+    assert len([line for line in log.splitlines() if "watchdog: the database is reachable again" in line]) == 1
+    assert "Traceback" not in log
+    assert " 500 " not in log  # no request was answered 500 (access log)
+
+
+def run_store(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*store_command(), *args],
+        cwd=cwd,
+        env={**clean_env(), "COLUMNS": "80"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def one_line(process: subprocess.Popen[str]) -> tuple[int, str]:
+    """The exit status and the only line the command printed (it must print exactly one, and no traceback)."""
+    stdout, stderr = process.communicate(timeout=60)
+    lines = (stdout + stderr).strip().splitlines()
+    assert len(lines) == 1, stdout + stderr
+    return process.returncode, lines[0]
+
+
+@pytest.mark.postgres
+def test_commands_refuse_an_unmigrated_database_in_one_line(empty_url: str, tmp_path: Path) -> None:
+    hint = f"run `store migrate --database-url {empty_url}`"
+    started = time.monotonic()
+    # At once: each command is a few seconds of imports.
+    serve = run_store("serve", "--port", str(free_port()), "--database-url", empty_url, cwd=tmp_path)
+    workers = run_store("serve", "--workers", "2", "--database-url", empty_url, cwd=tmp_path)
+    stats = run_store("stats", "--database-url", empty_url, cwd=tmp_path)
+    query = run_store("sql", "SELECT count(*) FROM rollouts_v", "--database-url", empty_url, cwd=tmp_path)
+    not_migrated = f"database is not migrated (at revision none, head is {head_revision()})"
+    for process in (serve, workers):
+        status, line = one_line(process)
+        assert status == 2
+        assert line == f"cannot serve: {not_migrated}: {hint} or pass --migrate"
+    status, line = one_line(stats)
+    assert status == 1
+    assert line == f"cannot read the store: {not_migrated}: {hint}"
+    status, line = one_line(query)
+    assert status == 1
+    assert line == f'query failed: relation "rollouts_v" does not exist ({not_migrated}: {hint})'
+    assert time.monotonic() - started < 30  # refused up front, never served
+
+
+@pytest.mark.postgres
+def test_serve_refuses_a_schema_it_does_not_know(empty_url: str, tmp_path: Path) -> None:
+    """A database a newer lightning-store migrated: `store migrate` would not help, and the message says so."""
+    import asyncpg
+
+    async def stamp() -> None:
+        conn = await asyncpg.connect(make_url(empty_url).set(drivername="postgresql").render_as_string(False))
+        try:
+            await conn.execute("CREATE TABLE alembic_version (version_num varchar(32) PRIMARY KEY)")
+            await conn.execute("INSERT INTO alembic_version VALUES ('9999_from_the_future')")
+        finally:
+            await conn.close()
+
+    asyncio.run(stamp())
+    status, line = one_line(run_store("serve", "--port", str(free_port()), "--database-url", empty_url, cwd=tmp_path))
+    assert status == 2
+    assert line == (
+        "cannot serve: database is at revision 9999_from_the_future, which this lightning-store does not know "
+        f"(head is {head_revision()}): upgrade lightning-store"
+    )
+
+
+@pytest.mark.postgres
+async def test_serve_with_migrate_upgrades_an_empty_database(empty_url: str, tmp_path: Path) -> None:
+    server = LoggedServer("--database-url", empty_url, "--migrate", "--log-level", "warning", cwd=tmp_path)
+    try:
+        async with httpx.AsyncClient(base_url=server.url) as http:
+
+            async def healthy() -> bool:
+                with contextlib.suppress(httpx.HTTPError):
+                    return (await http.get("/v1/agl/health")).status_code == 200
+                assert server.process.poll() is None, server.log
+                return False
+
+            await until(healthy, 30, "store serve --migrate answers its health route")
+            assert (await http.post("/v1/agl/queues/rollouts/enqueue", json={"rollouts": [{"input": 1}]})).is_success
+    finally:
+        assert await server.stop() in CLEAN_EXIT, server.log
+
+
+def test_commands_say_in_one_line_that_the_database_cannot_be_reached(tmp_path: Path) -> None:
+    nothing_listens = f"postgresql://postgres:secret@127.0.0.1:{free_port()}/store"
+    shown = nothing_listens.replace(":secret@", ":***@")
+    unopenable = f"sqlite:///{tmp_path / 'no-such-directory' / 'store.db'}"
+    serve = run_store("serve", "--port", str(free_port()), "--database-url", nothing_listens, cwd=tmp_path)
+    serve_sqlite = run_store("serve", "--port", str(free_port()), "--database-url", unopenable, cwd=tmp_path)
+    stats = run_store("stats", "--database-url", nothing_listens, cwd=tmp_path)
+    query = run_store("sql", "SELECT 1", "--database-url", nothing_listens, cwd=tmp_path)
+    migrate = run_store("migrate", "--database-url", nothing_listens, cwd=tmp_path)
+    expected = [
+        (serve, 2, f"cannot serve: cannot reach the database {shown}: ConnectionRefusedError"),
+        (serve_sqlite, 2, f"cannot serve: cannot reach the database {unopenable}: OperationalError: unable to open"),
+        (stats, 1, f"cannot read the store: cannot reach the database {shown}: ConnectionRefusedError"),
+        (query, 1, f"query failed: cannot reach the database {shown}: ConnectionRefusedError"),
+        (migrate, 1, f"cannot migrate: cannot reach the database {shown}: ConnectionRefusedError"),
+    ]
+    for process, code, start in expected:
+        status, line = one_line(process)
+        assert (status, line[: len(start)]) == (code, start), line
+        assert "secret" not in line
+    assert os.listdir(tmp_path) == []  # nothing created: not even the SQLite directory
