@@ -58,16 +58,13 @@ class LongPolls:
         if self.ending:
             ended.set()
         self._pending.add(ended)
-        # A streamed body is replayed to the routes by the guards, whose receive then reports a disconnect at
-        # once: only a request with a Content-Length reaches us with the connection's own receive.
-        watcher = asyncio.ensure_future(_disconnected(request, ended)) if "content-length" in request.headers else None
+        watcher = asyncio.ensure_future(_disconnected(request, ended))
         try:
             with waits.until(ended):
                 result = await call()
         finally:
             self._pending.discard(ended)
-            if watcher is not None:
-                watcher.cancel()
+            watcher.cancel()
         if self.ending:
             # The client's next request opens a new connection and finds the server gone (or answering at
             # once), rather than a kept-alive connection closing under it.

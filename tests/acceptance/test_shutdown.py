@@ -9,6 +9,7 @@ its server is gone, and at once on a second signal.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import signal
 import time
@@ -187,17 +188,40 @@ async def test_a_long_poll_whose_client_left_stops_waiting(sqlite_server: Server
             ("/v1/agl/waits/rollouts", {"rollout_ids": ["unknown"], "timeout": 20}),
             ("/v1/agl/queues/rollouts/dequeue", {"timeout": 20}),
         ]
-        for path, body in requests:
-            abandoned = asyncio.create_task(http.post(path, json=body))
-            await asyncio.sleep(0.5)
-            abandoned.cancel()  # closes its connection
-            pattern = rf'lightning_store_http_request_seconds_sum\{{method="POST",route="{re.escape(path)}"\}} (\S+)'
-            for _ in range(50):
-                if found := re.search(pattern, (await http.get("/metrics")).text):
-                    break
-                await asyncio.sleep(0.1)
-            assert found is not None, f"{path} still waiting 5 s after its client left"
-            assert float(found.group(1)) < 3
+        # A streamed (chunked) long-poll whose client stays waits its whole timeout: the body the guards read ahead
+        # is replayed, and then the connection's own receive, not a made-up disconnect.
+        started = time.monotonic()
+        waiting = json.dumps({"rollout_ids": ["unknown"], "timeout": 1}).encode()
+        kept = await http.post(
+            "/v1/agl/waits/rollouts", content=one_chunk(waiting), headers={"content-type": "application/json"}
+        )
+        assert kept.status_code == 200 and time.monotonic() - started >= 0.9
+        ended = {"/v1/agl/waits/rollouts": 1, "/v1/agl/queues/rollouts/dequeue": 0}  # requests each route answered
+        # Each twice: with a Content-Length, then streamed (chunked), which the guards read ahead and replay.
+        for streamed in (False, True):
+            for path, body in requests:
+                content = json.dumps(body).encode()
+                sent: Any = one_chunk(content) if streamed else content
+                headers = {"content-type": "application/json"}
+                abandoned = asyncio.create_task(http.post(path, content=sent, headers=headers))
+                await asyncio.sleep(0.5)
+                abandoned.cancel()  # closes its connection
+                route = rf'method="POST",route="{re.escape(path)}"'
+                for _ in range(50):
+                    metrics = (await http.get("/metrics")).text
+                    count = re.search(rf"lightning_store_http_request_seconds_count\{{{route}\}} (\S+)", metrics)
+                    if count is not None and float(count.group(1)) == ended[path] + 1:
+                        break
+                    await asyncio.sleep(0.1)
+                else:
+                    raise AssertionError(f"{path} (streamed: {streamed}) still waiting 5 s after its client left")
+                total = re.search(rf"lightning_store_http_request_seconds_sum\{{{route}\}} (\S+)", metrics)
+                ended[path] += 1
+                assert total is not None and float(total.group(1)) < 1.5 * ended[path]
+
+
+async def one_chunk(content: bytes) -> AsyncIterator[bytes]:
+    yield content
 
 
 # store run ---------------------------------------------------------------------------------------------------
