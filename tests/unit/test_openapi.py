@@ -13,6 +13,7 @@ from typing import Any
 
 import jsonschema_rs
 import pytest
+from fastapi import FastAPI
 
 from lightning_store.server import create_app
 from lightning_store.server.openapi import CONFLICT, NOT_FOUND
@@ -24,7 +25,9 @@ NO_DATABASE = {("get", "/metrics")}
 
 
 def document(*, token: str | None) -> dict[str, Any]:
-    app = create_app(ServerSettings(token=token)).app.app  # Guards(Metrics(FastAPI))
+    app: Any = create_app(ServerSettings(token=token))
+    while not isinstance(app, FastAPI):  # the middleware around it (guards, metrics, …) each hold the next
+        app = app.app
     first = app.openapi()
     assert app.openapi() is first, "built once and cached"
     assert isinstance(first, dict)
