@@ -12,7 +12,7 @@ import contextlib
 import os
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from lightning_store.client import HttpStore
 from lightning_store.migrate import head_revision
 from lightning_store.spans import Span
 from tests.acceptance.test_cli import store_command
-from tests.acceptance.test_serve import CLEAN_EXIT, clean_env, free_port
+from tests.acceptance.test_serve import CLEAN_EXIT, clean_env, free_port, postgres_url  # noqa: F401
 from tests.postgres import TemplateDatabases, admin_url
 
 
@@ -115,15 +115,6 @@ async def until(condition: Any, seconds: float, what: str) -> None:
 
 
 @pytest.fixture
-async def migrated_url(pg_templates: TemplateDatabases | None) -> AsyncIterator[str]:
-    if pg_templates is None:
-        pytest.skip("no PostgreSQL server answers at LIGHTNING_STORE_TEST_POSTGRES_URL")
-    url = await pg_templates.clone()
-    yield url
-    await pg_templates.drop(url)
-
-
-@pytest.fixture
 def empty_url(pg_templates: TemplateDatabases | None) -> Iterator[str]:
     """A fresh Postgres database with no schema at all."""
     if pg_templates is None:
@@ -159,11 +150,14 @@ def data_requests(rollout_id: str, attempt_id: str) -> list[tuple[str, str, Any]
 
 
 @pytest.mark.postgres
-async def test_an_outage_answers_503_until_the_database_is_back(migrated_url: str, tmp_path: Path) -> None:
+async def test_an_outage_answers_503_until_the_database_is_back(
+    postgres_url: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
     target = admin_url()
     network = Network(target.host or "127.0.0.1", target.port or 5432)
     await network.up()
-    via_network = make_url(migrated_url).set(port=network.port).render_as_string(hide_password=False)
+    via_network = make_url(postgres_url).set(port=network.port).render_as_string(hide_password=False)
     server = LoggedServer(
         "--database-url",
         via_network,
