@@ -2,7 +2,12 @@
 
 ``store train`` runs the whole loop on one machine: ``store serve`` and ``store run`` as subprocesses
 (``algorithms.local_stack``; the store on SQLite in the output directory unless ``--store`` names a server), the
-policy server and the trainer in this process. Metrics go into the store and onto the terminal.
+policy server and the trainer in this process. Metrics go into the store and onto stdout
+(:mod:`algorithms.progress`).
+
+Both commands need the ``train`` extra: this module imports without torch (what needs it is imported inside the
+commands), so that a plain install can list the ``store`` commands and say which extra these need
+(:mod:`algorithms.extras`).
 """
 
 from __future__ import annotations
@@ -11,9 +16,10 @@ import contextlib
 import importlib.util
 import json
 import shlex
+import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -21,8 +27,8 @@ from rich.console import Console
 from rich.table import Table
 
 from algorithms.base import load_algorithm, registered
-from algorithms.local_stack import ProcessFailed, embedded_store, runners
-from algorithms.session import ServedPolicy
+from algorithms.extras import needs_train_extra
+from algorithms.progress import LogLevel, Summary, TrainingProgress, configure_logging, stdout_for_results
 from lightning_store import aio
 from lightning_store.settings import (
     PolicyServerSettings,
@@ -31,7 +37,12 @@ from lightning_store.settings import (
     load_trainer_settings,
 )
 
-algorithms = typer.Typer(help="Training algorithms registered through the lightning_store.algorithms entry points.")
+if TYPE_CHECKING:
+    from algorithms.session import ServedPolicy
+
+algorithms = needs_train_extra(
+    typer.Typer(help="Training algorithms registered through the lightning_store.algorithms entry points.")
+)
 console = Console(stderr=True)
 
 
@@ -80,6 +91,7 @@ def read_config(path: Path | None) -> dict[str, Any]:
     return loaded
 
 
+@needs_train_extra
 def train(
     algorithm: Annotated[str, typer.Option(help="Registered algorithm (store algorithms list).")],
     agent: Annotated[str, typer.Option(help="The agent, as module:name.")],
@@ -112,8 +124,15 @@ def train(
     deepspeed_config: Annotated[
         Path | None, typer.Option(help="JSON file of DeepSpeed options over the generated ones.", exists=True)
     ] = None,
+    log_level: Annotated[
+        LogLevel,
+        typer.Option(help="Log records shown, the subprocesses' too; debug adds HTTP requests and progress bars."),
+    ] = LogLevel.info,
 ) -> None:
-    """Train an agent: store, policy server, runners and trainer on this machine."""
+    """Train an agent: store, policy server, runners and trainer on this machine.
+
+    On a terminal: a progress bar, then a summary. Otherwise: one JSON line per step on stdout, then a summary line."""
+    configure_logging(log_level)
     try:
         serving = load_policy_server_settings(policy_server=policy_server, vllm_python=vllm_python, vllm_args=vllm_args)
     except ValidationError as error:
@@ -144,23 +163,60 @@ def train(
     tasks = read_tasks(train_file)
     val_tasks = read_tasks(val_file) if val_file else []
     output.mkdir(parents=True, exist_ok=True)
-    with contextlib.ExitStack() as stack:
+    began = time.monotonic()
+    with stdout_for_results() as results, contextlib.ExitStack() as stack:
+        from algorithms.local_stack import ProcessFailed, embedded_store, runners
+
+        progress = stack.enter_context(TrainingProgress(steps, out=results))
+        if store is None:
+            progress.phase("starting the store")
         try:
-            url = store or stack.enter_context(embedded_store(output))
+            url = store or stack.enter_context(embedded_store(output, log_level=log_level.value))
         except ProcessFailed as error:
             console.print(f"[red]{error}[/red]")
             raise typer.Exit(code=1) from None
-        stack.enter_context(runners(agent, url, workers=workers, concurrency=concurrency, log=output / "runner.log"))
-        served = stack.enter_context(_policy(serving, model, output))
-        summary = aio.run(_train(instance, url, tasks, val_tasks, model, output, steps, resume, served, training))
-    console.print_json(json.dumps(summary["history"][-1] if summary["history"] else {}))
+        runner_log = output / "runner.log"
+        stack.enter_context(
+            runners(agent, url, workers=workers, concurrency=concurrency, log=runner_log, log_level=log_level.value)
+        )
+        progress.phase("loading the model")
+        served = stack.enter_context(_policy(serving, model, output, log_level))
+        run = _train(instance, url, tasks, val_tasks, model, output, steps, resume, served, training, progress)
+        history = aio.run(run)["history"]
+        progress.phase("stopping")
+        stack.close()  # the policy server, the runners and the store stop, and the display ends, before the summary
+        progress.summary(
+            Summary.of(
+                history,
+                algorithm=algorithm,
+                wall_seconds=time.monotonic() - began,
+                output=output,
+                checkpoint=_newest_checkpoint(output),
+                logs=_logs(output),
+                store=str(output / "store.db") if store is None else store,
+            )
+        )
+
+
+def _newest_checkpoint(output: Path) -> Path | None:
+    from algorithms.checkpoints import PREFIX, saved_steps
+
+    steps = saved_steps(output)
+    return output / f"{PREFIX}{steps[-1]}" if steps else None
+
+
+def _logs(output: Path) -> list[Path]:
+    """The logs a run leaves in ``output``: the store's, the runner's, the DeepSpeed ranks', vLLM's."""
+    return sorted(path for pattern in ("*.log", "vllm/*.log") for path in output.glob(pattern))
 
 
 @contextlib.contextmanager
-def _policy(settings: PolicyServerSettings, model: Path, output: Path) -> Iterator[ServedPolicy]:
+def _policy(settings: PolicyServerSettings, model: Path, output: Path, log_level: LogLevel) -> Iterator[ServedPolicy]:
     """The policy server the settings name, started (and stopped on exit)."""
+    from algorithms.progress import quiet_transformers
     from algorithms.serving.local import LocalPolicy
 
+    quiet_transformers(log_level)
     if settings.policy_server == "transformers":
         with LocalPolicy(model, model_name=model.name, decode_threads=settings.decode_threads) as local:
             yield local
@@ -198,30 +254,30 @@ async def _train(
     resume: bool,
     policy: ServedPolicy,
     trainer: TrainerSettings,
+    progress: TrainingProgress,
 ) -> dict[str, Any]:
-    from algorithms.progress import TrainingProgress
     from algorithms.session import TrainingSession
     from lightning_store.connect import connect
 
     client = await connect(url)
-    with TrainingProgress(steps) as progress:
-        session = TrainingSession(
-            store=client,
-            train_tasks=tasks,
-            val_tasks=val_tasks,
-            model_dir=model,
-            output_dir=output,
-            policy=policy,
-            max_steps=steps,
-            resume=resume,
-            on_step=progress.update,
-            trainer=trainer,
-            freeze_heap=True,
-        )
-        try:
-            result: dict[str, Any] = await instance.train(session)
-        finally:
-            close = getattr(client, "close", None)
-            if close is not None:
-                await close()
+    session = TrainingSession(
+        store=client,
+        train_tasks=tasks,
+        val_tasks=val_tasks,
+        model_dir=model,
+        output_dir=output,
+        policy=policy,
+        max_steps=steps,
+        resume=resume,
+        on_step=progress.update,
+        on_phase=progress.phase,
+        trainer=trainer,
+        freeze_heap=True,
+    )
+    try:
+        result: dict[str, Any] = await instance.train(session)
+    finally:
+        close = getattr(client, "close", None)
+        if close is not None:
+            await close()
     return result

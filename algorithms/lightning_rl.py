@@ -142,6 +142,7 @@ class LightningRL(Algorithm):
             if session.val_tasks and start < session.max_steps:
                 await log.log(start, await self._evaluate(session, start, rollout_config))
             for step in range(start, session.max_steps):
+                session.on_phase(f"collecting step {step + 1}")
                 started = time.perf_counter()
                 wanted = c.tasks_per_step * c.group_size
                 if c.asynchronous:
@@ -156,6 +157,7 @@ class LightningRL(Algorithm):
                     )
                     await collect.wait_all(store, ids)
                 collected = time.perf_counter()
+                session.on_phase(f"training step {step + 1}")
                 adapted = await adapter.read(store, ids)
                 adapted_at = time.perf_counter()
                 transitions = adapted.transitions
@@ -192,6 +194,7 @@ class LightningRL(Algorithm):
                     metrics |= await self._evaluate(session, step + 1, rollout_config)
                 await log.log(step + 1, metrics)
                 if (c.save_every and (step + 1) % c.save_every == 0) or step + 1 == session.max_steps:
+                    session.on_phase(f"saving step {step + 1}")
                     await tensor_thread.run(checkpoints.save, trainer, session.output_dir, step + 1, c.keep_checkpoints)
         except BaseException:
             await log.finish(succeeded=False)
@@ -200,6 +203,7 @@ class LightningRL(Algorithm):
         return {"steps": max(start, session.max_steps), "history": log.history}
 
     async def _evaluate(self, session: TrainingSession, step: int, config: RolloutConfig) -> dict[str, float]:
+        session.on_phase("evaluating")
         return await collect.evaluate(
             session.store, session.val_tasks, self.config.eval_repeats, step=step, config=config
         )

@@ -11,20 +11,30 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
-from algorithms.serving.local import free_port
-from lightning_store.client import HttpStore
+if TYPE_CHECKING:
+    from lightning_store.client import HttpStore
 
 
 class ProcessFailed(RuntimeError):
     """A stack process exited or never answered; the message ends with the tail of its log."""
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
 
 
 def store_command() -> list[str]:
@@ -76,14 +86,15 @@ def wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path, timeout:
 
 
 @contextlib.contextmanager
-def embedded_store(directory: Path) -> Iterator[str]:
+def embedded_store(directory: Path, *, log_level: str = "info") -> Iterator[str]:
     """``store serve`` on ``directory/store.db`` (created and migrated if new), logging to
-    ``directory/serve.log``; yields its URL and stops it on exit."""
+    ``directory/serve.log`` at ``log_level`` (at info: its start, the watchdog's findings, warnings and errors;
+    a line per request only at debug); yields its URL and stops it on exit."""
     directory.mkdir(parents=True, exist_ok=True)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     database = f"sqlite+aiosqlite:///{(directory / 'store.db').resolve()}"
-    argv = [*store_command(), "serve", "--port", str(port), "--database-url", database, "--log-level", "warning"]
+    argv = [*store_command(), "serve", "--port", str(port), "--database-url", database, "--log-level", log_level]
     log = directory / "serve.log"
     with subprocess_in(argv, log) as process:
         wait_healthy(url, process, log)
@@ -93,6 +104,8 @@ def embedded_store(directory: Path) -> Iterator[str]:
 @contextlib.asynccontextmanager
 async def embedded_store_client(directory: Path) -> AsyncIterator[tuple[HttpStore, str]]:
     """:func:`embedded_store` and a client of it (closed on exit); yields the client and the URL."""
+    from lightning_store.client import HttpStore
+
     with embedded_store(directory) as url:
         client = HttpStore(url)
         try:
@@ -103,11 +116,12 @@ async def embedded_store_client(directory: Path) -> AsyncIterator[tuple[HttpStor
 
 @contextlib.contextmanager
 def runners(
-    agent: str, url: str, *, workers: int, log: Path, concurrency: int = 1
+    agent: str, url: str, *, workers: int, log: Path, concurrency: int = 1, log_level: str = "info"
 ) -> Iterator[subprocess.Popen[bytes]]:
     """``store run agent`` against the store at ``url`` with ``workers`` worker processes, each running
-    ``concurrency`` attempts at once, until exit."""
+    ``concurrency`` attempts at once, until exit; its log (a JSON line per finished attempt at info) goes to
+    ``log``."""
     argv = [*store_command(), "run", agent, "--store", url, "--workers", str(workers), "--no-progress"]
-    argv += ["--concurrency", str(concurrency)]
+    argv += ["--concurrency", str(concurrency), "--log-level", log_level]
     with subprocess_in(argv, log) as process:
         yield process

@@ -1,41 +1,222 @@
-"""Training progress: a rich progress bar with the latest step's headline metrics on a terminal, one JSON
-line per step otherwise (for logs and CI)."""
+"""What ``store train`` shows, and where.
+
+When stdout is not a terminal, it carries one JSON line per step (``{"event": "step", "step": N, ...}``) and one
+closing line (``{"event": "summary", ...}``), and nothing else: whatever else prints (libraries, log records) goes
+to stderr. On a terminal (stdout's, else stderr's): a live progress bar labelled with what the run is doing
+("evaluating", "collecting step 3", ...) and the latest headline metrics, then a short summary block.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import json
+import logging
+import os
 import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-HEADLINE = ("reward_mean", "val_reward", "kl", "clip_fraction", "entropy", "loss", "step_seconds")
+HEADLINE = ("reward_mean", "val_reward", "kl", "entropy", "loss", "step_seconds")
+"""The metrics the live bar shows (the last value of each; every metric is in the JSON lines and the store)."""
+
+CHATTY_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2", "urllib3", "filelock", "huggingface_hub")
+"""Libraries that log a line per HTTP request (or per file lock) at INFO or DEBUG: shown only at DEBUG."""
+
+
+class LogLevel(enum.StrEnum):
+    """``--log-level`` of ``store train``."""
+
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+    @property
+    def number(self) -> int:
+        return int(logging.getLevelName(self.value.upper()))
+
+
+class _CurrentStderr(logging.Handler):
+    """Writes each record to whatever ``sys.stderr`` is at the time: under the live display that is rich's proxy,
+    which prints the record above the bar instead of through it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except Exception:
+            self.handleError(record)
+
+
+def configure_logging(level: LogLevel) -> None:
+    """Log records at ``level`` on stderr. Below DEBUG, the per-request lines of HTTP clients are left out, and so
+    are the progress bars of transformers and huggingface_hub (and, through the environment, those of the
+    subprocesses: DeepSpeed ranks, vLLM)."""
+    root = logging.getLogger()
+    root.handlers[:] = [_CurrentStderr()]
+    root.handlers[0].setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    root.setLevel(level.number)
+    debug = level is LogLevel.debug
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if debug else max(level.number, logging.WARNING))
+    if not debug:
+        for variable in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS"):
+            os.environ.setdefault(variable, "1")
+
+
+def quiet_transformers(level: LogLevel) -> None:
+    """transformers' own switches (its logging is not Python's root logger): bars off below DEBUG, and its log
+    records at ``level`` (it reads the environment only once, on import)."""
+    from transformers.utils import logging as transformers_logging
+
+    hf_logging: Any = transformers_logging  # its switches are untyped
+    if level is LogLevel.debug:
+        hf_logging.set_verbosity_info()
+        hf_logging.enable_progress_bar()
+    else:
+        hf_logging.set_verbosity(max(level.number, logging.WARNING))
+        hf_logging.disable_progress_bar()
+
+
+@contextlib.contextmanager
+def stdout_for_results() -> Iterator[TextIO]:
+    """Yields the real stdout and points ``sys.stdout`` at stderr meanwhile, so that stdout carries the results
+    (the JSON lines) and nothing a library prints."""
+    real = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        yield real
+
+
+@dataclass
+class Summary:
+    """What a finished ``store train`` reports: what ran, the validation reward before and after, and where its
+    results are."""
+
+    algorithm: str
+    steps_run: int
+    last_step: int
+    wall_seconds: float
+    output: Path
+    checkpoint: Path | None
+    logs: list[Path]
+    store: str
+    val_reward: dict[str, float] = field(default_factory=dict)
+    """``first``, ``last`` (and their steps ``first_step``, ``last_step``), when the run had validation tasks."""
+
+    @classmethod
+    def of(
+        cls,
+        history: Sequence[dict[str, float]],
+        *,
+        algorithm: str,
+        wall_seconds: float,
+        output: Path,
+        checkpoint: Path | None,
+        logs: list[Path],
+        store: str,
+    ) -> Summary:
+        """The summary of a run whose metrics (one dict per step, with its ``step``) are ``history``."""
+        trained = [entry for entry in history if "step_seconds" in entry]  # the evaluation alone has none
+        evaluated = [entry for entry in history if "val_reward" in entry]
+        val_reward: dict[str, float] = {}
+        if evaluated:
+            first, last = evaluated[0], evaluated[-1]
+            val_reward = {"first": first["val_reward"], "first_step": int(first["step"])}
+            val_reward |= {"last": last["val_reward"], "last_step": int(last["step"])}
+        return cls(
+            algorithm=algorithm,
+            steps_run=len(trained),
+            last_step=int(history[-1]["step"]) if history else 0,
+            wall_seconds=round(wall_seconds, 1),
+            output=output,
+            checkpoint=checkpoint,
+            logs=logs,
+            store=store,
+            val_reward=val_reward,
+        )
+
+    def record(self) -> dict[str, Any]:
+        """The JSON line's fields."""
+        record: dict[str, Any] = {"event": "summary", "algorithm": self.algorithm, "steps_run": self.steps_run}
+        record |= {"last_step": self.last_step, "wall_seconds": self.wall_seconds}
+        if self.val_reward:
+            record["val_reward"] = self.val_reward
+        record |= {"output": str(self.output), "checkpoint": str(self.checkpoint) if self.checkpoint else None}
+        return record | {"logs": [str(log) for log in self.logs], "store": self.store}
+
+    def lines(self) -> list[str]:
+        """The block a terminal shows."""
+        minutes, seconds = divmod(int(self.wall_seconds), 60)
+        took = f"{minutes} min {seconds} s" if minutes else f"{self.wall_seconds:.1f} s"
+        steps = f"{self.steps_run} step{'' if self.steps_run == 1 else 's'}"
+        lines = [f"[bold]{self.algorithm}[/bold]: {steps} in {took} (now at step {self.last_step})"]
+        if self.val_reward:
+            v = self.val_reward
+            lines.append(
+                f"  val_reward  {v['first']:.3f} at step {v['first_step']:.0f} → [bold]{v['last']:.3f}[/bold]"
+                f" at step {v['last_step']:.0f}"
+            )
+        if self.checkpoint is not None:
+            lines.append(f"  checkpoint  {self.checkpoint}")
+        if self.logs:
+            lines.append(f"  logs        {', '.join(str(log) for log in self.logs)}")
+        lines.append(f"  store       {self.store}")
+        return lines
 
 
 class TrainingProgress:
-    """``update(step, metrics)`` after each step; a context manager around the run."""
+    """``phase(text)`` as the run moves on, ``update(step, metrics)`` after each step, ``summary(...)`` at the
+    end; a context manager around the run. ``out`` receives the results (default: ``sys.stdout``): JSON lines
+    unless it is a terminal (``json_lines``). ``live`` (default: ``out`` or stderr is a terminal) shows the bar and
+    the summary block, on stderr when that is a terminal, else on ``out``."""
 
-    def __init__(self, steps: int, *, enabled: bool | None = None) -> None:
-        self.console = Console(stderr=True)
-        self.live = sys.stderr.isatty() if enabled is None else enabled
+    def __init__(
+        self, steps: int, *, out: TextIO | None = None, live: bool | None = None, json_lines: bool | None = None
+    ) -> None:
+        self.out = out or sys.stdout
+        self.json_lines = not self.out.isatty() if json_lines is None else json_lines
+        self.live = (self.out.isatty() or sys.stderr.isatty()) if live is None else live
+        self.console = Console(file=sys.stderr if sys.stderr.isatty() else self.out, highlight=False)
+        self.latest: dict[str, float] = {}
         self.progress = Progress(
-            TextColumn("[bold]training"),
-            BarColumn(),
+            TextColumn("[bold]{task.description:<20}"),
+            BarColumn(bar_width=24),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
             TextColumn("{task.fields[metrics]}"),
             console=self.console,
         )
-        self.task = self.progress.add_task("train", total=steps, metrics="")
+        self.task = self.progress.add_task("starting", total=steps, metrics="")
+
+    def phase(self, text: str) -> None:
+        """What the run is doing now (the bar's label)."""
+        if self.live:
+            self.progress.update(self.task, description=text)
 
     def update(self, step: int, metrics: dict[str, float]) -> None:
-        shown = {k: round(metrics[k], 4) for k in HEADLINE if k in metrics}
+        """Step ``step`` is done with these metrics."""
+        if self.json_lines:
+            print(json.dumps({"event": "step", "step": step, **metrics}), file=self.out, flush=True)
+        if not self.live:
+            return
+        self.latest |= {k: metrics[k] for k in HEADLINE if k in metrics}
+        text = "  ".join(f"{k}={v:.3g}" for k, v in self.latest.items())
+        self.progress.update(self.task, completed=step, metrics=text)
+
+    def summary(self, summary: Summary) -> None:
+        """The closing summary: one JSON line, and a block on a terminal (after the bar has stopped)."""
+        if self.json_lines:
+            print(json.dumps(summary.record()), file=self.out, flush=True)
         if self.live:
-            text = "  ".join(f"{k}={v}" for k, v in shown.items())
-            self.progress.update(self.task, completed=step, metrics=text)
-        else:
-            print(json.dumps({"event": "step", "step": step, **metrics}), file=sys.stderr, flush=True)
+            for line in summary.lines():
+                self.console.print(line)
 
     def __enter__(self) -> TrainingProgress:
         if self.live:

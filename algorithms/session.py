@@ -91,6 +91,8 @@ class TrainingSession:
     max_steps: int = 10
     resume: bool = True
     on_step: Callable[[int, dict[str, float]], None] = lambda step, metrics: None
+    on_phase: Callable[[str], None] = lambda text: None
+    """Told what the algorithm does next ("evaluating", "collecting step 3", ...): the progress display's label."""
     trainer: TrainerSettings = field(default_factory=TrainerSettings)
     freeze_heap: bool = False
     """The process is the trainer's own: once the models are loaded, what exists is exempted from full garbage

@@ -268,12 +268,15 @@ def update(
         "loss": totals["loss"] / tokens,
         "pg_loss": totals["pg"] / tokens,
         "kl": totals["kl"] / tokens,
-        "clip_fraction": totals["clipped"] / tokens,
         "entropy": totals["entropy"] / tokens,
         "grad_norm": sum(grad_norms) / len(grad_norms),
         "update_seconds": seconds,
         "train_tokens_per_second": totals["tokens"] / seconds,
     }
+    if settings.epochs * settings.mini_batches > 1:
+        # With one optimizer step the ratio is 1 on every token (the old policy is the one being differentiated),
+        # so nothing can clip: the share is reported only where later optimizer steps can move the ratio.
+        metrics["clip_fraction"] = totals["clipped"] / tokens
     if returns is not None:
         metrics["value_loss"] = totals["value_loss"] / tokens
     if totals["anchor_tokens"]:

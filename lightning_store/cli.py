@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
 from collections.abc import Iterator
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from typing import Annotated, Any, NoReturn
 
 import sqlalchemy as sa
@@ -18,12 +19,19 @@ from rich.markup import escape
 from rich.table import Table
 from sqlalchemy.engine import make_url
 
+from lightning_store.cli_enqueue import enqueue
+from lightning_store.cli_resources import resources
+from lightning_store.cli_rollouts import rollouts
 from lightning_store.settings import load_settings
 
 app = typer.Typer(help="lightning-store: a durable rollout and span store for agent RL.", no_args_is_help=True)
 console = Console()
 errors = Console(stderr=True)
 logger = logging.getLogger(__name__)
+# The workflow commands, through the store contract (server or database): see lightning_store/cli_common.py.
+app.command()(enqueue)
+app.add_typer(resources, name="resources")
+app.add_typer(rollouts, name="rollouts")
 
 DatabaseUrl = Annotated[
     str | None,
@@ -50,7 +58,16 @@ def serve(
     llm_upstream: Annotated[
         str | None, typer.Option(help="OpenAI-compatible base URL for the LLM proxy when no llm resource names one.")
     ] = None,
-    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    llm_model: Annotated[
+        str | None,
+        typer.Option(help="Model named to --llm-upstream when a call names none; env LIGHTNING_STORE_LLM_MODEL."),
+    ] = None,
+    llm_api_key: Annotated[
+        str | None, typer.Option(help="Bearer key sent to --llm-upstream; env LIGHTNING_STORE_LLM_API_KEY.")
+    ] = None,
+    log_level: Annotated[
+        str, typer.Option(help="debug (adds a line per request), info, warning or error: uvicorn's and the store's.")
+    ] = "info",
 ) -> None:
     """Serve the store over HTTP: the Agent Lightning 0.3 REST API under /v1/agl, OTLP at /v1/traces, /metrics."""
     from lightning_store.errors import StoreError
@@ -67,6 +84,8 @@ def serve(
         max_body_bytes=max_body_bytes,
         migrate_on_start=migrate_on_start,
         llm_upstream=llm_upstream,
+        llm_model=llm_model,
+        llm_api_key=llm_api_key,
     )
     try:
         with _database_errors("cannot serve", settings.database_url, code=2, serving=True):
@@ -239,14 +258,47 @@ def _not_migrated_hint(database_url: str) -> str:
     return ""
 
 
+MISSING_EXTRA = "missing_extra"
+"""The attribute by which a command says it cannot run in this installation. An entry point's target (a
+``typer.Typer`` or a function) may carry ``missing_extra``: the name of an extra of its distribution whose packages
+cannot be imported here, or None when they can. A target whose ``missing_extra`` is set is registered hidden (so
+``store --help`` lists only what can run), its ``--help`` starts with the install hint, and running it prints
+that hint as one line and exits 2. Its module must stay importable without the extra (heavy imports inside the
+commands); ``algorithms.extras.needs_train_extra`` marks the targets that need ``train``."""
+
+
+def _install_hint(ep: EntryPoint, extra: str) -> str:
+    distribution = ep.dist.name if ep.dist is not None else "lightning-store"
+    return f"store {ep.name} needs the {extra!r} extra: pip install '{distribution}[{extra}]'"
+
+
+def _register_unavailable(ep: EntryPoint, target: object, hint: str) -> None:
+    """Registers a hidden stand-in for the command ``ep`` names: its help is ``hint`` and the target's own help;
+    whatever it is given, it prints ``hint`` and exits 2."""
+    about = target.info.help if isinstance(target, typer.Typer) else inspect.getdoc(target)
+    shown = escape(hint) + (f"\n\n{about}" if isinstance(about, str) and about else "")
+
+    def unavailable() -> None:
+        typer.echo(hint, err=True)
+        raise typer.Exit(2)
+
+    accept_anything = {"ignore_unknown_options": True, "allow_extra_args": True}
+    app.command(name=ep.name, help=shown, hidden=True, context_settings=accept_anything)(unavailable)
+
+
 def _load_plugins() -> None:
+    """Adds the commands of the ``lightning_store.commands`` entry points (see :data:`MISSING_EXTRA` for those
+    whose extra is not installed); one that fails to load is logged and skipped."""
     for ep in entry_points(group="lightning_store.commands"):
         try:
             target = ep.load()
         except Exception as exc:
             logger.warning("cannot load command %r from entry point group lightning_store.commands: %s", ep.name, exc)
             continue
-        if isinstance(target, typer.Typer):
+        extra = getattr(target, MISSING_EXTRA, None)
+        if isinstance(extra, str) and extra:
+            _register_unavailable(ep, target, _install_hint(ep, extra))
+        elif isinstance(target, typer.Typer):
             app.add_typer(target, name=ep.name)
         else:
             app.command(name=ep.name)(target)

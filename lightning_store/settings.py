@@ -57,6 +57,10 @@ class ServerSettings(StoreSettings):
     llm_upstream: str | None = Field(
         default=None, description="OpenAI-compatible base URL (…/v1) the proxy uses when no llm resource names one."
     )
+    llm_model: str | None = Field(
+        default=None, description="Model the proxy names to llm_upstream when a call names none."
+    )
+    llm_api_key: str | None = Field(default=None, description="Bearer key the proxy sends to llm_upstream.")
     upstream_timeout: float = Field(default=600.0, gt=0, description="Seconds the proxy waits for the upstream.")
 
 

@@ -3,7 +3,9 @@
 The first parameter receives the rollout's input (the task). Other parameters are filled by name:
 
 * ``llm`` - the :class:`~lightning_store.resources.LLM` to call, its endpoint bound to this attempt (through the
-  store's proxy when there is one), or None when the resources hold no LLM;
+  store's proxy when there is one). With no LLM in the resources: through a server, its proxy with an empty model
+  name (the server's ``--llm-upstream`` and ``--llm-model`` answer); without one, None when the parameter has a
+  default, else the attempt fails before the agent is called (:mod:`runners.endpoint`);
 * ``resources`` - every named resource (LLMs bound the same way);
 * ``rollout`` - the :class:`~lightning_store.models.Rollout` being run;
 * any other name - the resource of that name (``prompt_template``, say), or the parameter's default.
@@ -39,6 +41,11 @@ class RolloutAgent:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
+
+    def requires(self, name: str) -> bool:
+        """Whether the agent has a parameter ``name`` (after the task) without a default."""
+        parameters = list(inspect.signature(self.fn).parameters.values())[1:]
+        return any(p.name == name and p.default is inspect.Parameter.empty for p in parameters)
 
     def arguments(
         self, task: Any, *, llm: Any, resources: Mapping[str, Any], rollout: Rollout

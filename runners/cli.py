@@ -4,13 +4,12 @@ point group, so the core CLI does not import the runners)."""
 from __future__ import annotations
 
 import json
-import logging
 from typing import Annotated
 
 import typer
 
 from lightning_store import aio
-from runners.progress import configure_logging
+from runners.progress import LogLevel, configure_logging
 from runners.supervisor import Runner
 
 
@@ -41,10 +40,13 @@ def run(
     progress: Annotated[
         bool | None, typer.Option("--progress/--no-progress", help="Live display (default: on a terminal).")
     ] = None,
+    log_level: Annotated[
+        LogLevel, typer.Option(help="Log records shown, the workers' too; debug adds a line per HTTP request.")
+    ] = LogLevel.info,
 ) -> None:
     """Run rollouts of AGENT from the store's queue in WORKERS processes (each running CONCURRENCY attempts at
     once) until stopped."""
-    configure_logging(logging.INFO)
+    configure_logging(log_level.number)
     runner = Runner(
         agent,
         store,

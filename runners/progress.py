@@ -1,7 +1,9 @@
-"""What the runner shows: a live rich display on a terminal, one structured log line per attempt otherwise."""
+"""What the runner shows: a live rich display on a terminal, one structured log line per attempt otherwise; and
+how the runner and its workers log."""
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import sys
@@ -14,14 +16,35 @@ from rich.table import Table
 
 logger = logging.getLogger("runners.progress")
 
+CHATTY_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2", "urllib3")
+"""HTTP clients that log a line per request at INFO (httpx; httpx2 is the OpenAI SDK's) or DEBUG: below DEBUG
+only their warnings are shown."""
+
+
+class LogLevel(enum.StrEnum):
+    """``--log-level`` of ``store run``."""
+
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+    @property
+    def number(self) -> int:
+        return int(logging.getLevelName(self.value.upper()))
+
 
 class ProgressView:
-    """Counts attempts by outcome. ``enabled=None`` shows the live display only when stderr is a terminal."""
+    """Counts attempts by outcome and averages the rewards their agents returned. ``enabled=None`` shows the live
+    display only when stderr is a terminal."""
 
     def __init__(self, *, enabled: bool | None = None) -> None:
         self.console = Console(stderr=True)
         self.enabled = self.console.is_terminal if enabled is None else enabled
         self.counts: dict[str, int] = {"running": 0, "succeeded": 0, "failed": 0, "timeout": 0}
+        self.reward_sum = 0.0
+        self.rewarded = 0
+        """Finished attempts whose agent returned a reward (a failed one returned none)."""
         self.started = time.monotonic()
         self._live: Live | None = None
 
@@ -42,12 +65,18 @@ class ProgressView:
         self.counts["running"] += 1
         self._refresh()
 
-    def finished(self, status: str, *, rollout_id: str, worker_id: str) -> None:
+    def finished(self, status: str, *, rollout_id: str, worker_id: str, reward: float | None = None) -> None:
+        """An attempt ended with ``status``; ``reward`` is what its agent returned (None: nothing, or it failed)."""
         self.counts["running"] = max(0, self.counts["running"] - 1)
         self.counts[status] = self.counts.get(status, 0) + 1
+        if reward is not None:
+            self.reward_sum += reward
+            self.rewarded += 1
         if not self.enabled:
             record: dict[str, object] = {"event": "attempt_finished", "status": status, "rollout_id": rollout_id}
-            record |= {"worker": worker_id, "done": self.done, "rate_per_s": round(self.rate, 3)}
+            record |= {"worker": worker_id, "reward": reward, "done": self.done, "rate_per_s": round(self.rate, 3)}
+            if self.reward_mean is not None:
+                record["reward_mean"] = round(self.reward_mean, 4)
             logger.info(json.dumps(record))
         self._refresh()
 
@@ -59,31 +88,39 @@ class ProgressView:
     def rate(self) -> float:
         return self.done / max(time.monotonic() - self.started, 1e-9)
 
+    @property
+    def reward_mean(self) -> float | None:
+        """Mean reward of the finished attempts whose agent returned one; None before the first."""
+        return self.reward_sum / self.rewarded if self.rewarded else None
+
     def _refresh(self) -> None:
         if self._live is not None:
             self._live.update(self._render())
 
     def _render(self) -> Table:
         table = Table(title="store run", title_justify="left", show_edge=False)
-        for column in ("running", "succeeded", "failed", "timeout", "rollouts/s"):
+        for column in ("running", "succeeded", "failed", "timeout", "reward (mean)", "rollouts/s"):
             table.add_column(column, justify="right")
+        mean = self.reward_mean
         table.add_row(
             str(self.counts["running"]),
             f"[green]{self.counts['succeeded']}",
             f"[red]{self.counts['failed']}",
             f"[yellow]{self.counts['timeout']}",
+            "-" if mean is None else f"{mean:.3f}",
             f"{self.rate:.2f}",
         )
         return table
 
 
 def configure_logging(level: int = logging.INFO) -> None:
+    """The runner's logging: records at ``level`` on stderr, HTTP clients' request lines only at DEBUG."""
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     quiet_http_logs(level)
 
 
 def quiet_http_logs(level: int) -> None:
-    """httpx logs every request at INFO: a line per store call and per LLM call of every agent. Below DEBUG,
-    only its warnings are shown."""
-    if level > logging.DEBUG:
-        logging.getLogger("httpx").setLevel(logging.WARNING)
+    """httpx (and httpx2, the OpenAI SDK's) log every request at INFO: a line per store call and per LLM call of
+    every agent. Below DEBUG, only their warnings are shown (in the runner and in each worker process)."""
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if level <= logging.DEBUG else max(level, logging.WARNING))

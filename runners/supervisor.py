@@ -283,13 +283,13 @@ class Runner:
             slot.attempts[event["attempt_id"]].hung = True
         elif event["event"] == "finished":
             slot.attempts.pop(event["attempt_id"], None)
-            self._count(event["status"], event["rollout_id"], slot)
+            self._count(event["status"], event["rollout_id"], slot, event.get("reward"))
         elif event["event"] == "released":  # the worker gave it back (or tried to) as it stopped
             slot.attempts.pop(event["attempt_id"], None)
 
-    def _count(self, status: str, rollout_id: str, slot: Slot) -> None:
+    def _count(self, status: str, rollout_id: str, slot: Slot, reward: float | None = None) -> None:
         self.summary.statuses[outcome(status)] += 1
-        self.progress.finished(outcome(status), rollout_id=rollout_id, worker_id=slot.config.worker_id)
+        self.progress.finished(outcome(status), rollout_id=rollout_id, worker_id=slot.config.worker_id, reward=reward)
 
     async def _settle_hung(self, store: LightningStore, slot: Slot) -> None:
         """A hung worker is gone: the attempts it hung on timed out, the others are released (not their fault).

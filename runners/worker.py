@@ -27,9 +27,9 @@ from lightning_store.contract import LightningStore
 from lightning_store.errors import ConflictError
 from lightning_store.models import AttemptedRollout, EndedAttemptStatus
 from lightning_store.resources import ResourcesUpdate
-from runners.agent import RolloutAgent
+from runners.agent import AgentSignatureError, RolloutAgent
 from runners.attempts import RELEASE_SECONDS, EndBatcher, outcome, tally
-from runners.endpoint import bind_resources, main_llm
+from runners.endpoint import MissingLLMError, agent_llm, bind_resources, missing_llm_message
 from runners.resilience import UNREACHABLE, persist
 from tracers import Tracer, emit_exception, emit_reward
 
@@ -108,6 +108,8 @@ class Worker:
         self.stats = WorkerStats()
         self.in_flight: dict[str, AttemptedRollout] = {}
         """The attempts running now, by attempt id."""
+        self._rewards: dict[str, float] = {}
+        """What the agent returned, by attempt id, until the attempt's ``finished`` event carries it."""
         self._threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="agent")
         self._ends = EndBatcher(store)
         self._last_worker_heartbeat = -float("inf")
@@ -193,7 +195,8 @@ class Worker:
             logger.warning("attempt %s of %s is no longer ours; stopped it", attempt_id, rollout_id)
         finally:
             del self.in_flight[attempt_id]
-        self.report({"event": "finished", "rollout_id": rollout_id, "attempt_id": attempt_id, "status": status})
+        finished = {"event": "finished", "rollout_id": rollout_id, "attempt_id": attempt_id, "status": status}
+        self.report(finished | {"reward": self._rewards.pop(attempt_id, None)})
         await persist(lambda: self._worker_heartbeat(due_only=True), what="worker heartbeat")
         return status
 
@@ -202,9 +205,12 @@ class Worker:
     ) -> tuple[EndedAttemptStatus, bool]:
         """Run the agent (and its heartbeats); the attempt status and whether a sync agent's thread hung."""
         resources = await self._resources(claimed, update)
-        args, kwargs = self.agent.arguments(
-            claimed.input, llm=main_llm(resources), resources=resources, rollout=claimed
-        )
+        try:
+            args, kwargs = self._arguments(claimed, resources)
+        except AgentSignatureError as error:  # the agent cannot be called for this rollout: its attempt fails
+            emit_exception(error)
+            logger.warning("cannot run the agent on %s: %s", claimed.rollout_id, error)
+            return "failed", False
         if self.agent.is_async:
             work: asyncio.Future[Any] = asyncio.ensure_future(self.agent(*args, **kwargs))
         else:
@@ -235,7 +241,24 @@ class Worker:
             return "failed", False
         if result is not None:
             emit_reward(float(result))
+            self._rewards[claimed.attempt.attempt_id] = float(result)
         return "succeeded", False
+
+    def _arguments(
+        self, claimed: AttemptedRollout, resources: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The agent's arguments for this attempt; raises :class:`AgentSignatureError` when they cannot be filled
+        (:class:`MissingLLMError`: it requires an ``llm`` that neither the resources nor a server provide)."""
+        llm = agent_llm(
+            resources,
+            rollout_id=claimed.rollout_id,
+            attempt_id=claimed.attempt.attempt_id,
+            server_url=self.server_url,
+            token=self.token,
+        )
+        if llm is None and self.agent.requires("llm"):
+            raise MissingLLMError(missing_llm_message(claimed.rollout_id))
+        return self.agent.arguments(claimed.input, llm=llm, resources=resources, rollout=claimed)
 
     async def _resources_of(self, claimed: Sequence[AttemptedRollout]) -> dict[str, ResourcesUpdate | None]:
         """The resources of a batch of claims by resources id ("" for "the latest", which also stands in for an

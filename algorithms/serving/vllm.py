@@ -23,6 +23,7 @@ tokenizer), swapped in one of two ways:
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import subprocess
@@ -53,9 +54,10 @@ class VllmFailed(RuntimeError):
 
 
 class VllmPolicy:
-    """Serves ``model_dir`` with vLLM as ``model_name`` on 127.0.0.1; implements
+    """Serves ``model_dir`` with vLLM as ``model_name`` on ``host`` (127.0.0.1 by default); implements
     ``algorithms.session.ServedPolicy``. ``work_dir`` holds the served checkpoints (one per version, the
-    previous one removed after a swap) and ``vllm.log``. ``extra_args`` go to the vLLM server as they are."""
+    previous one removed after a swap) and ``vllm.log``. ``extra_args`` go to the vLLM server as they are.
+    vLLM's development routes, which the ``reload`` swap needs, are opened on a loopback ``host`` only."""
 
     def __init__(
         self,
@@ -65,6 +67,7 @@ class VllmPolicy:
         work_dir: str | Path,
         model_name: str = "policy",
         port: int | None = None,
+        host: str = "127.0.0.1",
         swap: Swap = "auto",
         extra_args: Sequence[str] = (),
         startup_timeout: float = 600.0,
@@ -74,6 +77,8 @@ class VllmPolicy:
         self.work_dir = Path(work_dir)
         self.model_name = model_name
         self.port = port or free_port()
+        self.host = host
+        self._local_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # where this process calls it
         self.swap = _resolve(swap)
         self.extra_args = list(extra_args)
         self.startup_timeout = startup_timeout
@@ -83,7 +88,7 @@ class VllmPolicy:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"http://{_url_host(self._local_host)}:{self.port}/v1"
 
     def start(self) -> VllmPolicy:
         """Starts vLLM on the current checkpoint and returns once it answers (raises :class:`VllmFailed`)."""
@@ -97,13 +102,15 @@ class VllmPolicy:
             "--served-model-name",
             self.model_name,
             "--host",
-            "127.0.0.1",
+            self.host,
             "--port",
             str(self.port),
             *self.extra_args,
         ]
         # Dev mode opens /collective_rpc and /reset_prefix_cache (bound to loopback only); the hub stays off.
-        env = os.environ | {"VLLM_SERVER_DEV_MODE": "1", "HF_HUB_OFFLINE": "1"}
+        env = os.environ | {"HF_HUB_OFFLINE": "1"}
+        if _is_loopback(self.host):
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         with self.log.open("ab") as sink:
             self._process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=env)
         self._wait_healthy()
@@ -143,7 +150,7 @@ class VllmPolicy:
             shutil.rmtree(previous, ignore_errors=True)
 
     def _post(self, path: str, body: dict[str, Any] | None) -> None:
-        url = f"http://127.0.0.1:{self.port}{path}"
+        url = f"http://{_url_host(self._local_host)}:{self.port}{path}"
         response = httpx.post(url, json=body, timeout=self.startup_timeout)
         if response.status_code >= 400:
             refusal = f"vLLM refused {path} ({response.status_code}): {response.text[:500]}"
@@ -156,7 +163,7 @@ class VllmPolicy:
                 code = None if self._process is None else self._process.returncode
                 raise VllmFailed(f"vLLM exited with {code}:\n{log_tail(self.log, 40)}")
             try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code == 200:
+                if httpx.get(f"http://{_url_host(self._local_host)}:{self.port}/health", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -171,6 +178,18 @@ class VllmPolicy:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _url_host(host: str) -> str:
+    """``host`` as it goes in a URL (an IPv6 address in brackets)."""
+    return f"[{host}]" if ":" in host else host
 
 
 def _resolve(swap: Swap) -> Literal["reload", "restart"]:

@@ -2,7 +2,7 @@
 the example's text, random weights) and fine-tuned to answer the planner's prompt with one tool name, each
 about a third of the time. Reinforcement learning then has to find that memory first is what is rewarded.
 
-    python -m examples.flight.model flight-model     # ~10 s on a laptop CPU
+    python -m examples.flight.model flight-model     # ~10 s on a laptop CPU; says what it does on stderr
 
 The example's tasks, ``train.jsonl`` and ``val.jsonl`` beside this file, are ``TRAIN_TASKS`` and ``VAL_TASKS``.
 
@@ -13,8 +13,11 @@ transformers loads, with a chat template).
 from __future__ import annotations
 
 import argparse
+import os
 import random
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,15 +56,19 @@ def build_tool_namer(
     seed: int = 0,
     roles: Sequence[tuple[str, Sequence[str]]] = ((SYSTEM, NAMES),),
     heads: int = 4,
+    say: Callable[[str], None] = lambda text: None,
+    on_step: Callable[[int, int, float], None] = lambda step, total, loss: None,
 ) -> Path:
     """A tiny Qwen2 fine-tuned to answer the flight prompt with one tool name, each about a third of the time
     (the maximum-likelihood fit of a uniform mixture): the untrained starting point of the learning tests.
     ``roles`` lists (system prompt, answers) pairs; each is learnt the same way (answers equally likely).
-    ``heads``: attention heads of the 64-wide model (vLLM's CPU kernels need 2, a head size of 32)."""
+    ``heads``: attention heads of the 64-wide model (vLLM's CPU kernels need 2, a head size of 32).
+    ``say`` is told what it does next, ``on_step`` each fine-tuning step's number, the total and the loss."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     answers = [answer for _, role_answers in roles for answer in role_answers]
     corpus = [*(system for system, _ in roles), *QUESTIONS, *answers, CHAT_TEMPLATE]
+    say("training a byte-level BPE tokenizer on the example's text and building a tiny Qwen2 (random weights)")
     build_tiny_model(path, corpus=corpus, vocab_size=384, hidden_size=64, layers=2, heads=heads, seed=seed)
     tokenizer: Any = AutoTokenizer.from_pretrained(path)
     model: Any = AutoModelForCausalLM.from_pretrained(path)
@@ -75,7 +82,9 @@ def build_tool_namer(
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     rng = random.Random(seed)
     model.train()
-    for _ in range(steps * len(roles)):
+    total = steps * len(roles)
+    say(f"fine-tuning it for {total} steps to name one of the tools {', '.join(NAMES)}")
+    for step in range(1, total + 1):
         batch = rng.sample(rows, 18)
         length = max(len(p) + len(r) for p, r in batch)
         ids = torch.full((len(batch), length), tokenizer.pad_token_id)
@@ -89,12 +98,58 @@ def build_tool_namer(
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        on_step(step, total, loss.item())
+    say(f"saving the model to {path}")
     model.save_pretrained(path)
     return path
 
 
-if __name__ == "__main__":
+@contextmanager
+def fine_tuning_display() -> Iterator[Callable[[int, int, float], None]]:
+    """Shows the fine-tuning steps on stderr: a progress bar on a terminal, else a line every 20 steps."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+
+        def line(step: int, total: int, loss: float) -> None:
+            if step % 20 == 0 or step == total:
+                print(f"  step {step}/{total}  loss {loss:.3f}", file=sys.stderr, flush=True)
+
+        yield line
+        return
+    columns = (TextColumn("  fine-tuning"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    bar = Progress(*columns, TextColumn("loss {task.fields[loss]}"), console=console)
+    task = bar.add_task("fine-tuning", total=None, loss="-")
+
+    def update(step: int, total: int, loss: float) -> None:
+        if not bar.live.is_started:
+            bar.start()  # at the first step, not while the tokenizer is built
+        bar.update(task, completed=step, total=total, loss=f"{loss:.3f}")
+
+    try:
+        yield update
+    finally:
+        bar.stop()
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("output", type=Path, help="directory to write the model to")
     args = parser.parse_args()
-    print(f"model written to {build_tool_namer(args.output)}")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' own bars ("Loading weights", ...)
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+
+    def say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    with fine_tuning_display() as on_step:
+        path = build_tool_namer(args.output, say=say, on_step=on_step)
+    print(f"model written to {path}")
+
+
+if __name__ == "__main__":
+    main()

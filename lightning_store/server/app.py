@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -70,10 +71,12 @@ def create_app(settings: ServerSettings, store: LightningStore | None = None, *,
             stack.callback(app.state.long_polls.end_all)
             yield
 
-    app = FastAPI(title="lightning-store", version="0.1.0", lifespan=lifespan)
+    # /docs and /redoc with their scripts and styles served by this server (fastapi-offline ships them), not a
+    # CDN: the API page works on a machine with no internet.
+    app = FastAPIOffline(title="lightning-store", version="0.1.0", lifespan=lifespan)
     app.state.max_body = settings.max_body_bytes
     app.state.long_polls = LongPolls()
-    app.state.llm_upstream = settings.llm_upstream
+    app.state.llm_fallback = proxy.fallback_llm(settings)
     for router in (routes_store.router, routes_rollouts.router, otlp.router, proxy.router):
         app.include_router(router)
     _add_error_handlers(app)

@@ -42,7 +42,7 @@ class Metrics:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            route: Any = getattr(scope.get("route"), "path", "unmatched")
+            route = _route_label(scope)
             self.requests.labels(scope["method"], route, str(status)).inc()
             self.latency.labels(scope["method"], route).observe(time.perf_counter() - started)
 
@@ -51,3 +51,17 @@ class Metrics:
         headers = [(b"content-type", CONTENT_TYPE_LATEST.encode()), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+def _route_label(scope: Scope) -> str:
+    """The template of the route that answered: FastAPI's routes name themselves; the plain Starlette routes
+    (``/openapi.json``, ``/docs``) by their fixed path; a mount (the docs' static files) by its prefix, never the
+    file asked for (a client could make up unbounded labels); ``unmatched`` when nothing matched."""
+    route: Any = scope.get("route")
+    if route is not None:
+        return str(route.path)
+    if scope.get("endpoint") is None:
+        return "unmatched"
+    if "app_root_path" in scope:  # a Mount set it, and root_path to the app's root plus the mount's prefix
+        return f"{scope['root_path'][len(scope['app_root_path']) :]}/{{path}}"
+    return str(scope["path"])

@@ -3,7 +3,8 @@
 ``POST /rollout/{rollout_id}/attempt/{attempt_id}/v1/chat/completions`` (and ``/v1/completions``; or the same
 without the prefix and with ``x-rollout-id``/``x-attempt-id`` headers) forwards the request to the upstream named
 by the rollout's resources (the first ``llm`` resource; else the latest snapshot's; else the configured
-``llm_upstream``), asking it for token ids (``return_token_ids``) and logprobs the way vLLM returns them. The
+``llm_upstream`` with ``llm_model`` and ``llm_api_key``; with none, a 422 ``NoUpstream`` that says what to
+configure), asking it for token ids (``return_token_ids``) and logprobs the way vLLM returns them. The
 agent gets the upstream's answer unchanged (streamed when it asked for ``stream``). After the answer has gone
 out, a span and a typed :class:`~lightning_store.llm_calls.LlmCall` are recorded in the background, in batches
 (:mod:`~lightning_store.server.recorder`), so a slow store never delays the agent. An upstream error goes back to
@@ -31,6 +32,7 @@ from lightning_store.resources import LLM, ProxyLLM, ResourcesUpdate
 from lightning_store.server.json_body import CheckedJsonRoute
 from lightning_store.server.recorder import CallRecord, CallRecorder
 from lightning_store.server.routes_rollouts import Store
+from lightning_store.settings import ServerSettings
 from lightning_store.spans import Span
 
 logger = logging.getLogger(__name__)
@@ -84,15 +86,9 @@ async def _proxy(
     if not isinstance(body, dict):
         raise InvalidRequestError("the request body must be a JSON object", field="body")
     resources = await store.get_attempt_resources(rollout_id, attempt_id)  # NotFoundError for unknown ids
-    llm = _upstream_llm(resources, request.app.state.llm_upstream)
+    llm = _upstream_llm(resources, request.app.state.llm_fallback)
     if llm is None:
-        return JSONResponse(
-            {
-                "detail": "no LLM upstream: add an llm resource or set LIGHTNING_STORE_LLM_UPSTREAM",
-                "error_type": "NoUpstream",
-            },
-            status_code=502,
-        )
+        return no_upstream(rollout_id)
     upstream_body = _with_token_ids(body, kind, llm)
     call = _Call(request.app.state.recorder, rollout_id, attempt_id, kind, body, resources)
     http: aiohttp.ClientSession = request.app.state.upstream_http
@@ -118,6 +114,30 @@ async def _proxy(
     return Response(content, status_code=status, media_type=content_type)  # the upstream's bytes, unchanged
 
 
+def fallback_llm(settings: ServerSettings) -> LLM | None:
+    """The upstream of calls whose resources name no LLM: ``--llm-upstream`` (with ``--llm-model`` and
+    ``--llm-api-key``), or None when it is not configured."""
+    if not settings.llm_upstream:
+        return None
+    return LLM(endpoint=settings.llm_upstream, model=settings.llm_model or "", api_key=settings.llm_api_key)
+
+
+def no_upstream(rollout_id: str) -> JSONResponse:
+    """The answer to a call with no upstream to go to: a 422 (the OpenAI SDK does not retry it) that says what
+    to configure, in the store's error shape and in OpenAI's (``error.message``, which OpenAI clients put in the
+    exception they raise, and so in the agent's exception span)."""
+    detail = (
+        f"rollout {rollout_id} has no llm resource and this server has no --llm-upstream: register one with "
+        "`store resources set-llm URL --model M` or start `store serve --llm-upstream URL --llm-model M`"
+    )
+    openai_error = {"message": detail, "type": "invalid_request_error", "param": "resources", "code": "no_upstream"}
+    return JSONResponse(
+        {"detail": detail, "field": "resources", "error_type": "NoUpstream", "error": openai_error},
+        status_code=422,
+        headers={"x-should-retry": "false"},
+    )
+
+
 def upstream_client(timeout: float) -> aiohttp.ClientSession:
     """The proxy's HTTP client for upstreams: ``timeout`` seconds at most between two reads of an answer.
 
@@ -133,14 +153,12 @@ def _unreachable(call: _Call, exc: BaseException) -> Response:
     return JSONResponse({"detail": f"upstream unreachable: {reason}", "error_type": "UpstreamError"}, status_code=502)
 
 
-def _upstream_llm(resources: ResourcesUpdate | None, configured: str | None) -> LLM | None:
+def _upstream_llm(resources: ResourcesUpdate | None, fallback: LLM | None) -> LLM | None:
     if resources is not None:
         for resource in resources.resources.values():
             if isinstance(resource, LLM | ProxyLLM) and resource.resource_type == "llm":
                 return LLM.model_validate(resource.model_dump())
-    if configured:
-        return LLM(endpoint=configured, model="")
-    return None
+    return fallback
 
 
 def _with_token_ids(body: dict[str, Any], kind: str, llm: LLM) -> dict[str, Any]:

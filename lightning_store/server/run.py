@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import ipaddress
+import logging
+import logging.config
 import os
 from typing import Any
 
@@ -16,6 +18,8 @@ from lightning_store.errors import InvalidRequestError
 from lightning_store.migrate import prepare_database
 from lightning_store.settings import ServerSettings, load_server_settings
 from lightning_store.sql.engine import is_sqlite, normalize_url
+
+logger = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_SECONDS = 1
 """How long a stopping server lets requests in flight finish before it cancels them. Long-polls do not count:
@@ -45,9 +49,16 @@ def check(settings: ServerSettings) -> None:
 
 
 def serve(settings: ServerSettings, *, log_level: str = "info") -> None:
+    """Serve the store until stopped. Logs go to stderr: uvicorn's and the store's own (:func:`log_config`); a
+    line per request (uvicorn's access log) only at ``debug`` or ``trace``."""
     check(settings)
+    logging.config.dictConfig(log_config(log_level))  # the lines of the migration and of a refusal, formatted alike
     # Migrate, or refuse a database that cannot be reached or is not migrated, before any process starts.
     settings = asyncio.run(prepare_database(settings))
+    access_log = log_level.lower() in ("debug", "trace")
+    processes = f"{settings.workers} processes" if settings.workers > 1 else "1 process"
+    shown = shown_url(settings.database_url)
+    logger.info("store on %s, serving http://%s:%d (%s)", shown, settings.host, settings.port, processes)
     if settings.workers == 1:
         from lightning_store.server.app import create_app
 
@@ -58,6 +69,7 @@ def serve(settings: ServerSettings, *, log_level: str = "info") -> None:
             port=settings.port,
             log_level=log_level,
             log_config=log_config(log_level),
+            access_log=access_log,
             timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
         )
         return
@@ -78,6 +90,7 @@ def serve(settings: ServerSettings, *, log_level: str = "info") -> None:
         workers=settings.workers,
         log_level=log_level,
         log_config=log_config(log_level),
+        access_log=access_log,
         timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
     )
 
@@ -89,8 +102,19 @@ def app_from_environment() -> Any:
 
 
 def log_config(log_level: str) -> dict[str, Any]:
-    """uvicorn's logging, with the store's own loggers (``lightning_store.*``: the watchdog, the listener, the
-    error handlers) printed the same way at the same level."""
+    """uvicorn's logging (on stderr), with the store's own loggers (``lightning_store.*``: the start, the
+    watchdog, the listener, the error handlers) printed the same way at the same level."""
     config = copy.deepcopy(LOGGING_CONFIG)
     config["loggers"]["lightning_store"] = {"handlers": ["default"], "level": log_level.upper(), "propagate": False}
     return config
+
+
+def shown_url(database_url: str) -> str:
+    """The database URL without its password."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(database_url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return database_url

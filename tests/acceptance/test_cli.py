@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -191,3 +192,57 @@ def test_sql_on_postgres_is_read_only(tmp_path: Path, postgres_url: str) -> None
     assert "read-only" in output(deleted)
     assert "Traceback" not in output(deleted)
     assert count_rollouts(postgres_url) == 2
+
+
+PLAIN_INSTALL = (
+    "import sys\n"
+    "sys.modules['torch'] = None  # import torch fails, as where the train extra is not installed\n"
+    "sys.modules['transformers'] = None\n"
+    "sys.argv[0] = 'store'\n"
+    "from lightning_store.cli import main\n"
+    "main()\n"
+)
+TRAIN_EXTRA = "pip install 'lightning-store[train]'"
+
+
+def store_without_train_extra(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``store ARGS`` in a process where torch and transformers cannot be imported."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_STORE_")} | {"COLUMNS": "200"}
+    argv = [sys.executable, "-c", PLAIN_INSTALL, *args]
+    cwd = Path(__file__).parents[2]  # the repository's packages, as installed
+    return subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
+
+
+def listed_commands(help_text: str) -> set[str]:
+    """The command names of ``store --help`` (the rows of its Commands panel)."""
+    commands = help_text.split("Commands", 1)[1]
+    return set(re.findall(r"^│ ([a-z][\w-]*) ", commands, flags=re.MULTILINE))
+
+
+def test_help_lists_the_training_commands_where_the_train_extra_is_installed() -> None:
+    result = subprocess.run(
+        [*store_command(), "--help"], env=os.environ | {"COLUMNS": "200"}, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, output(result)
+    assert {"serve", "run", "train", "algorithms"} <= listed_commands(result.stdout)
+
+
+def test_a_plain_install_lists_only_what_it_can_run(tmp_path: Path) -> None:
+    result = store_without_train_extra(tmp_path, "--help")
+    assert result.returncode == 0, output(result)
+    assert result.stderr == ""  # no "cannot load command" warning
+    commands = listed_commands(result.stdout)
+    assert {"serve", "migrate", "stats", "sql", "run"} <= commands
+    assert not {"train", "algorithms"} & commands, commands
+
+
+def test_a_plain_install_says_which_extra_train_needs(tmp_path: Path) -> None:
+    shown = store_without_train_extra(tmp_path, "train", "--help")
+    assert shown.returncode == 0, output(shown)
+    assert TRAIN_EXTRA in shown.stdout and "Train an agent" in shown.stdout
+
+    hint = f"store train needs the 'train' extra: {TRAIN_EXTRA}"
+    ran = store_without_train_extra(tmp_path, "train", "--algorithm", "grpo", "--agent", "a:b", "--steps", "1")
+    assert (ran.returncode, ran.stdout, ran.stderr) == (2, "", hint + "\n")
+    listed = store_without_train_extra(tmp_path, "algorithms", "list")
+    assert (listed.returncode, listed.stderr) == (2, f"store algorithms needs the 'train' extra: {TRAIN_EXTRA}\n")

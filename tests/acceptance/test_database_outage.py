@@ -162,7 +162,7 @@ async def test_an_outage_answers_503_until_the_database_is_back(
         "--database-url",
         via_network,
         "--log-level",
-        "info",
+        "debug",
         cwd=tmp_path,
         env={"LIGHTNING_STORE_WATCHDOG_INTERVAL": "0.2"},
     )

@@ -14,6 +14,7 @@ import pytest
 
 from lightning_store.client import HttpStore
 from lightning_store.models import Attempt
+from lightning_store.resources import LLM
 from tests.acceptance.test_cli import store_command
 from tests.acceptance.test_serve import CLEAN_EXIT, Server, clean_env, wait_healthy
 
@@ -137,3 +138,33 @@ async def test_the_runner_outlives_a_server_restart(
         assert len(rewards) == 1
     finally:
         restarted.stop()
+
+
+async def test_each_attempt_is_logged_with_its_reward_and_no_request_lines(
+    client: HttpStore, server: Server, launch: Launch
+) -> None:
+    for x in (1.0, 0.0, 0.5):
+        await client.enqueue_rollout({"x": x})
+    runner = launch(server.url, "tests.agents:async_agent", "--idle-exit", "2")
+    assert await asyncio.to_thread(runner.wait, 60) == 0
+    text = output(runner)
+    finished = [json.loads(line.split(" INFO ", 1)[1]) for line in text.splitlines() if "attempt_finished" in line]
+    assert sorted(record["reward"] for record in finished) == [0.0, 0.5, 1.0], text
+    assert finished[-1]["reward_mean"] == 0.5 and finished[-1]["done"] == 3
+    assert "HTTP Request" not in text  # httpx's line per request: only at --log-level debug
+
+
+@pytest.mark.parametrize("level", ["info", "debug"])
+async def test_the_agents_http_requests_are_logged_only_at_debug(
+    client: HttpStore, server: Server, launch: Launch, level: str
+) -> None:
+    """The OpenAI SDK's client (httpx2) logs a line per request at INFO: in a training run, most of the log. Here
+    its calls go through the store's proxy to an LLM that is not there (answered 502): the attempt fails after
+    one request, which only ``--log-level debug`` shows."""
+    await client.add_resources({"main_llm": LLM(endpoint="http://127.0.0.1:9/v1", model="absent")})
+    await client.enqueue_rollout({"question": "My flight was cancelled.", "steps": 1, "max_tokens": 4})
+    runner = launch(server.url, "examples.flight.agent:flight_agent", "--idle-exit", "2", "--log-level", level)
+    assert await asyncio.to_thread(runner.wait, 60) == 0
+    text = output(runner)
+    assert '"status": "failed"' in text and "agent failed" in text, text[-3000:]
+    assert ("HTTP Request: POST" in text) is (level == "debug"), text[-3000:]

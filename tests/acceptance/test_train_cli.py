@@ -1,5 +1,6 @@
 """``store train`` end to end as a user runs it: a subprocess that serves the store on SQLite, starts the runner
-and the policy server, trains, checkpoints, and resumes from the checkpoint when run again."""
+and the policy server, trains, checkpoints, and resumes from the checkpoint when run again; what it prints (JSON
+lines on stdout when that is not a terminal, no third-party progress bars) and the logs it leaves."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,20 +35,57 @@ def store_train(
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 
+def records(result: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
+    """What ``store train`` printed on stdout, which holds JSON lines and nothing else (``json.loads`` fails on
+    anything else)."""
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def steps_of(result: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
+    return [record for record in records(result) if record["event"] == "step"]
+
+
 def test_store_train_runs_checkpoints_and_resumes(tmp_path: Path) -> None:
     build_tool_namer(tmp_path / "model", steps=20)
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TRAIN_TASKS[:2]))
     (tmp_path / "val.jsonl").write_text(json.dumps(VAL_TASKS[0]) + "\n")
     (tmp_path / "grpo.yaml").write_text("tasks_per_step: 2\ngroup_size: 2\neval_repeats: 2\nlearning_rate: 1.0e-4\n")
+    run = tmp_path / "run"
     first = store_train(tmp_path, steps=1)
     assert first.returncode == 0, first.stderr[-3000:]
-    steps_logged = [json.loads(line) for line in first.stderr.splitlines() if line.startswith('{"event": "step"')]
+    *steps_logged, summary = records(first)
+    assert [s["event"] for s in steps_logged] == ["step", "step"]
     assert [s["step"] for s in steps_logged] == [0, 1] and "val_reward" in steps_logged[-1]
-    assert (tmp_path / "run" / "step-1" / "config.json").exists()
+    # One optimizer step per batch (the default): the importance ratio is 1, nothing can clip, no clip_fraction.
+    assert all("clip_fraction" not in s for s in steps_logged)
+    assert summary["event"] == "summary" and (summary["steps_run"], summary["last_step"]) == (1, 1)
+    assert summary["val_reward"] == {
+        "first": steps_logged[0]["val_reward"],
+        "first_step": 0,
+        "last": steps_logged[-1]["val_reward"],
+        "last_step": 1,
+    }
+    assert summary["checkpoint"] == str(run / "step-1") and summary["store"] == str(run / "store.db")
+    assert sorted(summary["logs"]) == [str(run / "runner.log"), str(run / "serve.log")]
+    assert (run / "step-1" / "config.json").exists()
+    # No progress bar of transformers ("Loading weights", "Writing model shards") in what the user reads.
+    assert "it/s]" not in first.stderr and "Loading weights" not in first.stderr, first.stderr[-3000:]
+    serve_log = (run / "serve.log").read_text()
+    assert "store on sqlite" in serve_log and "Uvicorn running on" in serve_log, serve_log
+    assert "HTTP/1.1" not in serve_log  # no line per request below debug
+    runner_log = (run / "runner.log").read_text()
+    assert "HTTP Request" not in runner_log, runner_log[-3000:]
+    lines = [line.split(" INFO ", 1)[1] for line in runner_log.splitlines() if "attempt_finished" in line]
+    finished = [json.loads(line) for line in lines]
+    assert len(finished) >= 2 + 4 + 2  # the evaluations before and after the step, and the step's rollouts
+    succeeded = [record for record in finished if record["status"] == "succeeded"]
+    assert succeeded and all(record["reward"] in (0.0, 1.0) for record in succeeded)  # what the agent returned
 
     second = store_train(tmp_path, steps=2)  # resumes at step 1 and runs one more
     assert second.returncode == 0, second.stderr[-3000:]
-    assert (tmp_path / "run" / "step-2" / "config.json").exists()
+    assert [s["step"] for s in steps_of(second)] == [1, 2]
+    assert records(second)[-1]["event"] == "summary" and records(second)[-1]["steps_run"] == 1
+    assert (run / "step-2" / "config.json").exists()
     with sqlite3.connect(tmp_path / "run" / "store.db") as db:
         logged = db.execute(
             "SELECT json_extract(attributes, '$.step') FROM spans WHERE name = 'lightning_store.train.step'"
@@ -76,9 +115,9 @@ def test_store_train_with_deepspeed_ranks_checkpoints_and_resumes(tmp_path: Path
     second = store_train(tmp_path, 2, *deepspeed)
     assert second.returncode == 0, second.stderr[-3000:]
     assert (tmp_path / "run" / "step-2" / "config.json").exists()
-    steps_logged = [json.loads(line) for line in second.stderr.splitlines() if line.startswith('{"event": "step"')]
+    steps_logged = steps_of(second)
     assert [s["step"] for s in steps_logged] == [1, 2]
-    first_logged = [json.loads(line) for line in first.stderr.splitlines() if line.startswith('{"event": "step"')]
+    first_logged = steps_of(first)
     trained = [s for s in first_logged + steps_logged if s.get("trained_transitions", 0) > 0]
     assert trained and all(s["grad_norm"] > 0 for s in trained), first_logged + steps_logged
 

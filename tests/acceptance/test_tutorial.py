@@ -39,8 +39,10 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
         assert result.returncode == 0, f"{command}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
         results.append(result)
 
-    steps = [json.loads(line) for line in results[1].stderr.splitlines() if line.startswith('{"event": "step"')]
+    *steps, summary = [json.loads(line) for line in results[1].stdout.splitlines()]  # stdout: JSON lines only
     first, last = steps[0]["val_reward"], steps[-1]["val_reward"]
+    assert summary["event"] == "summary" and summary["val_reward"]["first"] == first
+    assert summary["val_reward"]["last"] == last
     promise = f"the tutorial promises val_reward from ~0.33 to above 0.85: {first}, {last}"
     assert first < STARTING_RATE_CEILING and last >= 0.85, promise
     assert (tmp_path / "runs" / "flight" / "step-40" / "config.json").exists()

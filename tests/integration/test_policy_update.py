@@ -48,7 +48,7 @@ def test_a_single_step_without_the_old_pass_matches_the_two_pass_update(model_di
     for a, b in zip(two_pass.model.parameters(), one_pass.model.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
     assert first["loss"] == pytest.approx(second["loss"], abs=1e-6)
-    assert first["clip_fraction"] == second["clip_fraction"] == 0.0
+    assert "clip_fraction" not in first and "clip_fraction" not in second  # a ratio of 1 cannot clip
     start = TrainablePolicy(model_dir, learning_rate=1e-2, reference=False).model.parameters()
     assert any(not torch.equal(a, b) for a, b in zip(start, one_pass.model.parameters(), strict=True)), "no change"
     assert "logprob_mismatch" not in second  # no behaviour log-probs were reported
@@ -61,6 +61,17 @@ def test_several_steps_refuse_old_logprobs_from_the_training_pass(model_dir: Pat
     settings = UpdateSettings(clip_eps=0.2, kl_beta=0.0, micro_batch_size=2, mini_batches=1, epochs=2, max_grad_norm=1)
     with pytest.raises(ValueError, match="single step"):
         update(policy, batch, rollouts.mask.clone(), rollouts, settings)
+
+
+def test_clip_fraction_counts_the_tokens_clipped_after_the_first_optimizer_step(model_dir: Path) -> None:
+    """With several optimizer steps on one batch the later ones see the ratio to the policy that collected it move
+    away from 1; a large learning rate moves it past the clip range (ε = 0.2) on some tokens."""
+    policy = TrainablePolicy(model_dir, learning_rate=5e-2, reference=False)
+    batch = transitions([None] * len(ROWS))
+    rollouts = measure(policy, batch, 2)
+    settings = replace(SETTINGS, kl_beta=0.0, epochs=4)
+    metrics = update(policy, batch, torch.tensor(ADVANTAGES).unsqueeze(1) * rollouts.mask, rollouts, settings)
+    assert 0.0 < metrics["clip_fraction"] < 1.0
 
 
 def test_logprob_mismatch_is_the_mean_distance_to_the_behaviour_logprobs(model_dir: Path) -> None:

@@ -144,7 +144,12 @@ async def test_unknown_ids_and_missing_upstream(proxy: httpx.AsyncClient, sql_st
     assert response.status_code == 404 and response.json()["field"] == "rollout_id"
     orphan = await sql_store.start_rollout(1)  # no resources at all, no configured upstream
     response = await proxy.post(bound(orphan), json={"messages": MESSAGES})
-    assert response.status_code == 502
+    # A 4xx the OpenAI SDK does not retry, saying what is missing and how to provide it.
+    assert response.status_code == 422 and response.headers["x-should-retry"] == "false"
+    answer = response.json()
+    assert answer["error_type"] == "NoUpstream" and answer["field"] == "resources"
+    assert f"rollout {orphan.rollout_id} has no llm resource" in answer["detail"]
+    assert "--llm-upstream" in answer["detail"] and "store resources set-llm" in answer["detail"]
     response = await proxy.post(
         f"/rollout/{orphan.rollout_id}/attempt/at-missing/v1/chat/completions", json={"messages": MESSAGES}
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -234,6 +235,25 @@ async def test_metrics_and_openapi(http: httpx.AsyncClient) -> None:
     assert metrics.status_code == 200 and "lightning_store_http_requests" in metrics.text
     openapi = (await http.get("/openapi.json")).json()
     assert "/v1/agl/queues/rollouts/dequeue" in openapi["paths"]
+
+
+async def test_the_api_pages_need_no_network(http: httpx.AsyncClient) -> None:
+    """/docs and /redoc load every script, style and icon from this server (an offline machine shows them), and
+    /metrics counts those routes by name, not as ``unmatched``."""
+    for page in ("/docs", "/redoc"):
+        html = (await http.get(page)).text
+        assets = re.findall(r"""(?:src|href)\s*=\s*['"]([^'"]+)['"]""", html)
+        assert assets and all(a.startswith("/") and not a.startswith("//") for a in assets), (page, assets)
+        assert "/openapi.json" in html
+        for asset in assets:
+            answer = await http.get(asset)
+            assert answer.status_code == 200 and len(answer.content) > 100, (asset, answer.status_code)
+    await http.get("/openapi.json")
+    await http.get("/static-offline-docs/no-such-file.js")
+    metrics = (await http.get("/metrics")).text
+    for route in ("/docs", "/redoc", "/openapi.json", "/static-offline-docs/{path}"):
+        assert f'route="{route}"' in metrics, route
+    assert "no-such-file" not in metrics
 
 
 async def test_long_poll_dequeue_over_http(base_url: str, sql_store: SqlStore) -> None:

@@ -25,7 +25,7 @@ from lightning_store.sql.schema import llm_calls, metadata
 from tests.postgres import TemplateDatabases
 
 TABLES = {"rollouts", "attempts", "spans", "resources", "workers", "llm_calls"}
-VIEWS = {"rollouts_v", "attempts_v", "spans_v", "llm_calls_v", "rewards_v"}
+VIEWS = {"rollouts_v", "attempts_v", "spans_v", "llm_calls_v", "rewards_v", "training_steps_v"}
 BACKENDS = [pytest.param("sqlite", id="sqlite"), pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)]
 
 
@@ -110,6 +110,35 @@ async def test_upgrade_downgrade_upgrade(empty_engine: AsyncEngine) -> None:
 
 async def test_upgrade_is_a_no_op_at_head(empty_engine: AsyncEngine) -> None:
     await migrate.upgrade(empty_engine)
+    await migrate.upgrade(empty_engine)
+    await assert_migrated(empty_engine)
+
+
+async def view_columns(engine: AsyncEngine, view: str) -> list[str]:
+    async with engine.connect() as conn:
+        return await conn.run_sync(lambda sync_conn: [c["name"] for c in sa.inspect(sync_conn).get_columns(view)])
+
+
+async def test_downgrade_to_0001_restores_its_views(empty_engine: AsyncEngine) -> None:
+    # 0002 replaces three of 0001's views and adds training_steps_v; stepping back gives 0001's views unchanged.
+    await migrate.upgrade(empty_engine)
+    assert "resources_version" in await view_columns(empty_engine, "rewards_v")
+    await migrate.downgrade(empty_engine, "0001")
+    assert await migrate.current_revision(empty_engine) == "0001"
+    assert await schema_objects(empty_engine) == (TABLES, VIEWS - {"training_steps_v"})
+    assert await view_columns(empty_engine, "rewards_v") == [
+        "rollout_id",
+        "attempt_id",
+        "sequence_id",
+        "span_id",
+        "mode",
+        "resources_id",
+        "reward_name",
+        "reward",
+        "time",
+    ]
+    assert "status_message" not in await view_columns(empty_engine, "spans_v")
+    assert "step" not in await view_columns(empty_engine, "rollouts_v")
     await migrate.upgrade(empty_engine)
     await assert_migrated(empty_engine)
 

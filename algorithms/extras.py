@@ -1,0 +1,46 @@
+"""Which optional extras this installation lacks, and the mark that hides a command needing one.
+
+A plain ``pip install lightning-store`` has no torch. The ``store`` CLI imports every command's module at start
+(through the ``lightning_store.commands`` entry points), so a module that a command of the ``train`` extra lives in
+must import without torch (torch and transformers imported inside the commands), and its command carries the
+attribute that ``lightning_store.cli`` reads (``missing_extra``): then a plain install hides it from
+``store --help``, and running it says which extra to install, in one line, with exit status 2. For a new command
+of the ``train`` extra (a ``typer.Typer`` group or a function)::
+
+    policy = needs_train_extra(typer.Typer(help="Serve a policy."))
+
+and register it in ``pyproject.toml`` under ``[project.entry-points."lightning_store.commands"]``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TypeVar
+
+T = TypeVar("T")
+
+TRAIN_MODULES = ("torch", "transformers")
+"""What the ``train`` extra installs that its commands cannot do without."""
+
+MISSING_EXTRA = "missing_extra"
+"""The attribute ``lightning_store.cli`` reads on an entry point's target (see ``lightning_store.cli.MISSING_EXTRA``;
+not imported from there, so that this module stays free of the CLI)."""
+
+
+def train_extra_missing() -> str | None:
+    """``"train"`` when torch or transformers cannot be imported here, else None. Looks for the modules without
+    importing them (a few milliseconds, where importing torch takes a second)."""
+    for name in TRAIN_MODULES:
+        try:
+            if importlib.util.find_spec(name) is None:
+                return "train"
+        except (ImportError, ValueError):  # a parent package that fails, or a module without a spec
+            return "train"
+    return None
+
+
+def needs_train_extra(target: T) -> T:
+    """Marks a command (a ``typer.Typer`` or a function registered as an entry point) as needing the ``train``
+    extra: where it is missing, ``store --help`` leaves the command out and running it prints the install hint."""
+    setattr(target, MISSING_EXTRA, train_extra_missing())
+    return target
