@@ -19,7 +19,7 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -97,7 +97,7 @@ def serve(
         )
     name = model_name or model_dir.resolve().name
     try:
-        with _served(settings, model_dir, name, host, port) as base_url:
+        with _served(settings, model_dir, name, host, port) as (base_url, alive):
             stop = _stop_on_signals()  # before the line that tells a caller it may stop us
             aio.freeze_startup_heap()  # the model is loaded; also keeps the exit short (torch's modules stay put)
             typer.echo(f'serving {model_dir} at {base_url} (model name "{name}")')
@@ -107,22 +107,26 @@ def serve(
             )
             sys.stdout.flush()
             while not stop.wait(0.5):
-                pass
+                if not alive():
+                    raise ServeFailed("the server stopped on its own (see the lines above)")
             typer.echo("stopping", err=True)
     except ServeFailed as error:
         _fail(str(error), code=1)
 
 
 @contextlib.contextmanager
-def _served(settings: PolicyServerSettings, model_dir: Path, name: str, host: str, port: int) -> Iterator[str]:
-    """The engine the settings name, serving ``model_dir`` as ``name``; yields its base URL (``…/v1``)."""
+def _served(
+    settings: PolicyServerSettings, model_dir: Path, name: str, host: str, port: int
+) -> Iterator[tuple[str, Callable[[], bool]]]:
+    """The engine the settings name, serving ``model_dir`` as ``name``; yields its base URL (``…/v1``) and a
+    function that says whether it is still up."""
     if settings.policy_server == "vllm":
-        with _vllm(settings, model_dir, name, host, port) as base_url:
-            yield base_url
+        with _vllm(settings, model_dir, name, host, port) as served:
+            yield served
         return
     listening = _listen(host, port)  # before loading the model: a port in use fails at once
-    with _transformers(settings, model_dir, name, listening) as base_url:
-        yield base_url
+    with _transformers(settings, model_dir, name, listening) as served:
+        yield served
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -140,7 +144,7 @@ def _listen(host: str, port: int) -> socket.socket:
 @contextlib.contextmanager
 def _transformers(
     settings: PolicyServerSettings, model_dir: Path, name: str, listening: socket.socket
-) -> Iterator[str]:
+) -> Iterator[tuple[str, Callable[[], bool]]]:
     """The built-in server under uvicorn in a thread (the main thread waits for the signals), on ``listening``."""
     import uvicorn
 
@@ -167,14 +171,16 @@ def _transformers(
                 raise ServeFailed("the policy server stopped while starting (see the lines above)")
             thread.join(0.05)
         try:
-            yield _base_url(listening)
+            yield _base_url(listening), thread.is_alive
         finally:
             running.should_exit = True
             thread.join(STOP_SECONDS + 5)
 
 
 @contextlib.contextmanager
-def _vllm(settings: PolicyServerSettings, model_dir: Path, name: str, host: str, port: int) -> Iterator[str]:
+def _vllm(
+    settings: PolicyServerSettings, model_dir: Path, name: str, host: str, port: int
+) -> Iterator[tuple[str, Callable[[], bool]]]:
     """vLLM in its own virtualenv, logging to a file whose path is printed."""
     from algorithms.serving.vllm import VllmFailed, VllmPolicy
 
@@ -191,12 +197,17 @@ def _vllm(settings: PolicyServerSettings, model_dir: Path, name: str, host: str,
         extra_args=shlex.split(settings.vllm_args),
     )
     typer.echo(f"starting vLLM (its log: {vllm.log})", err=True)
+    # Starting takes minutes: a SIGTERM meanwhile interrupts like Ctrl-C, so that vLLM is stopped, not orphaned.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         vllm.start()
     except VllmFailed as error:
         raise ServeFailed(str(error).splitlines()[0] + f" (its log: {vllm.log})") from None
+    except BaseException:
+        vllm.stop()
+        raise
     try:
-        yield f"http://{_url_host(host)}:{vllm.port}/v1"
+        yield f"http://{_url_host(host)}:{vllm.port}/v1", vllm.running
     finally:
         vllm.stop()
 

@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import Any, TextIO
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 HEADLINE = ("reward_mean", "val_reward", "kl", "entropy", "loss", "step_seconds")
@@ -163,11 +164,12 @@ class Summary:
                 f"  val_reward  {v['first']:.3f} at step {v['first_step']:.0f} → [bold]{v['last']:.3f}[/bold]"
                 f" at step {v['last_step']:.0f}"
             )
+        # Paths and URLs are the user's: escaped, so that "[…]" in them is shown, not read as markup.
         if self.checkpoint is not None:
-            lines.append(f"  checkpoint  {self.checkpoint}")
+            lines.append(f"  checkpoint  {escape(str(self.checkpoint))}")
         if self.logs:
-            lines.append(f"  logs        {', '.join(str(log) for log in self.logs)}")
-        lines.append(f"  store       {self.store}")
+            lines.append(f"  logs        {escape(', '.join(str(log) for log in self.logs))}")
+        lines.append(f"  store       {escape(str(self.store))}")
         return lines
 
 

@@ -10,15 +10,15 @@ import json
 import logging
 from collections.abc import Iterator
 from importlib.metadata import EntryPoint, entry_points
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import sqlalchemy as sa
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from sqlalchemy.engine import make_url
 
+from lightning_store.cli_common import database_failure, fail
 from lightning_store.cli_enqueue import enqueue
 from lightning_store.cli_resources import resources
 from lightning_store.cli_rollouts import rollouts
@@ -26,7 +26,6 @@ from lightning_store.settings import load_settings
 
 app = typer.Typer(help="lightning-store: a durable rollout and span store for agent RL.", no_args_is_help=True)
 console = Console()
-errors = Console(stderr=True)
 logger = logging.getLogger(__name__)
 # The workflow commands, through the store contract (server or database): see lightning_store/cli_common.py.
 app.command()(enqueue)
@@ -71,6 +70,9 @@ def serve(
 ) -> None:
     """Serve the store over HTTP: the Agent Lightning 0.3 REST API under /v1/agl, OTLP at /v1/traces, /metrics."""
     from lightning_store.errors import StoreError
+
+    if log_level.lower() not in ("trace", "debug", "info", "warning", "error", "critical"):
+        raise typer.BadParameter(f"{log_level!r} is not debug, info, warning or error", param_hint="--log-level")
     from lightning_store.server.run import serve as run_server
     from lightning_store.settings import load_server_settings
 
@@ -91,7 +93,7 @@ def serve(
         with _database_errors("cannot serve", settings.database_url, code=2, serving=True):
             run_server(settings, log_level=log_level)
     except StoreError as exc:
-        _fail("cannot serve", str(exc), 2)
+        fail("cannot serve", str(exc), 2)
 
 
 @app.command()
@@ -177,9 +179,9 @@ def sql(
         with _database_errors("query failed", url):
             columns, rows = asyncio.run(run())
     except sa.exc.DBAPIError as exc:
-        _fail("query failed", f"{exc.orig}{_not_migrated_hint(url)}", 1)
+        fail("query failed", f"{exc.orig}{_not_migrated_hint(url)}", 1)
     except sa.exc.SQLAlchemyError as exc:
-        _fail("query failed", f"{exc}{_not_migrated_hint(url)}", 1)
+        fail("query failed", f"{exc}{_not_migrated_hint(url)}", 1)
     if not columns:
         console.print("the statement returned no rows")
         return
@@ -193,37 +195,6 @@ def sql(
     console.print(table)
 
 
-def _fail(what: str, line: str, code: int) -> NoReturn:
-    """Print ``what: line`` as one line on stderr (never wrapped, never read as markup) and exit with ``code``."""
-    errors.print(f"[red]{what}:[/red] {escape(line)}", soft_wrap=True, highlight=False)
-    raise typer.Exit(code)
-
-
-def _shown(database_url: str) -> str:
-    try:
-        return make_url(database_url).render_as_string(hide_password=True)
-    except sa.exc.ArgumentError:
-        return database_url
-
-
-def _database_failure(exc: BaseException, database_url: str, *, serving: bool = False) -> str | None:
-    """One line for an error that says the database cannot be reached or is not migrated; ``None`` for others."""
-    from lightning_store.errors import DatabaseUnavailableError
-    from lightning_store.migrate import DatabaseNotMigratedError
-    from lightning_store.sql.engine import unavailable_reason
-
-    if isinstance(exc, DatabaseNotMigratedError):
-        if not exc.known:
-            return f"{exc}: upgrade lightning-store"
-        fix = f"run `store migrate --database-url {_shown(database_url)}`"
-        return f"{exc}: {fix}" + (" or pass --migrate" if serving else "")
-    if isinstance(exc, DatabaseUnavailableError):
-        reason: str | None = exc.reason
-    else:  # serving: only what the check before it raised (an OSError may be uvicorn's, a port in use)
-        reason = None if serving else unavailable_reason(exc)
-    return None if reason is None else f"cannot reach the database {_shown(database_url)}: {reason}"
-
-
 @contextlib.contextmanager
 def _database_errors(what: str, database_url: str, *, code: int = 1, serving: bool = False) -> Iterator[None]:
     """Turn a database that cannot be reached or is not migrated into one line (``what: …``) and exit ``code``;
@@ -231,10 +202,10 @@ def _database_errors(what: str, database_url: str, *, code: int = 1, serving: bo
     try:
         yield
     except Exception as exc:
-        line = _database_failure(exc, database_url, serving=serving)
+        line = database_failure(exc, database_url, serving=serving)
         if line is None:
             raise
-        _fail(what, line, code)
+        fail(what, line, code)
 
 
 def _not_migrated_hint(database_url: str) -> str:
@@ -252,7 +223,7 @@ def _not_migrated_hint(database_url: str) -> str:
     try:
         asyncio.run(check())
     except DatabaseNotMigratedError as exc:
-        return f" ({_database_failure(exc, database_url)})"
+        return f" ({database_failure(exc, database_url)})"
     except Exception:  # only a hint: the query's own error is what gets reported
         return ""
     return ""

@@ -59,7 +59,6 @@ def with_store(target: str, token: str | None, what: str, work: Callable[[Lightn
     from lightning_store.connect import connect, is_server_url
     from lightning_store.errors import DatabaseUnavailableError, StoreError, UnauthorizedError
     from lightning_store.migrate import DatabaseNotMigratedError
-    from lightning_store.sql.engine import unavailable_reason
 
     async def run() -> T:
         store = await connect(target, token=token)
@@ -79,15 +78,32 @@ def with_store(target: str, token: str | None, what: str, work: Callable[[Lightn
         fail(what, f"cannot reach the store at {target}: {type(exc).__name__}: {exc}{hint}")
     except httpx.HTTPStatusError as exc:
         fail(what, f"the server at {target} answered {exc.response.status_code}: {exc.response.text[:300]}")
-    except DatabaseUnavailableError as exc:
-        fail(what, f"cannot reach the database {target}: {exc.reason}")
-    except DatabaseNotMigratedError as exc:
-        fail(what, f"{exc}: run `store migrate --database-url {target}`")
-    except sqlalchemy.exc.SQLAlchemyError as exc:  # raised before the store took over, e.g. SQLite's CANTOPEN
-        reason = unavailable_reason(exc)
-        if reason is None:
+    except (DatabaseUnavailableError, DatabaseNotMigratedError, sqlalchemy.exc.SQLAlchemyError) as exc:
+        # (a SQLAlchemy error is raised before the store took over, e.g. SQLite's CANTOPEN)
+        line = database_failure(exc, target)
+        if line is None:
             raise
-        fail(what, f"cannot reach the database {target}: {reason}")
+        fail(what, line)
+
+
+def database_failure(exc: BaseException, database_url: str, *, serving: bool = False) -> str | None:
+    """One line for an error that says the database cannot be reached or is not migrated (the URL shown without
+    its password); ``None`` for other errors. ``serving``: for ``store serve``, which also offers ``--migrate``
+    and reports only what its own check raised (an ``OSError`` there may be uvicorn's, a port in use)."""
+    from lightning_store.errors import DatabaseUnavailableError
+    from lightning_store.migrate import DatabaseNotMigratedError
+    from lightning_store.sql.engine import shown_url, unavailable_reason
+
+    if isinstance(exc, DatabaseNotMigratedError):
+        if not exc.known:
+            return f"{exc}: upgrade lightning-store"
+        fix = f"run `store migrate --database-url {shown_url(database_url)}`"
+        return f"{exc}: {fix}" + (" or pass --migrate" if serving else "")
+    if isinstance(exc, DatabaseUnavailableError):
+        reason: str | None = exc.reason
+    else:
+        reason = None if serving else unavailable_reason(exc)
+    return None if reason is None else f"cannot reach the database {shown_url(database_url)}: {reason}"
 
 
 def print_records(rows: Sequence[Mapping[str, Any]], columns: Iterable[str], *, as_json: bool, title: str = "") -> None:

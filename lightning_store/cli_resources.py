@@ -53,7 +53,13 @@ def set_llm(
     url: Annotated[str, typer.Argument(help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1.")],
     model: Annotated[str, typer.Option(help="The model name the endpoint serves.")],
     api_key: Annotated[str | None, typer.Option(help="API key of the endpoint (stored as given).")] = None,
-    name: Annotated[str, typer.Option(help="Resource name: agents look the LLM up by it.")] = "main_llm",
+    name: Annotated[
+        str,
+        typer.Option(
+            help="Resource name: agents look the LLM up by it. Through a server's proxy every call of a rollout goes "
+            "to the snapshot's first llm resource."
+        ),
+    ] = "main_llm",
     sampling: Annotated[
         str | None, typer.Option(help='Sampling parameters, a JSON object: {"temperature": 0.7}.')
     ] = None,

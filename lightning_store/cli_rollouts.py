@@ -286,7 +286,7 @@ def _table(rows: list[dict[str, Any]]) -> None:
         else:
             table.add_column(name, width=width, no_wrap=True)
     for line in cells:
-        table.add_row(*line)
+        table.add_row(*(Text(cell) for cell in line))  # plain text: an error's "[…]" is not rich markup
     fixed = sum(w for n, w in zip(names, widths, strict=True) if n != "error") + 3 * (len(names) - 1)
     width = fixed + MIN_ERROR_WIDTH
     if width <= out.width:

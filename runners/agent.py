@@ -16,6 +16,7 @@ Returning a number emits it as the final reward; returning None emits nothing (t
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from collections.abc import Callable, Mapping
@@ -42,16 +43,20 @@ class RolloutAgent:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
 
+    @functools.cached_property
+    def parameters(self) -> tuple[inspect.Parameter, ...]:
+        """The function's parameters, read once (not per attempt: ``inspect.signature`` is not free)."""
+        return tuple(inspect.signature(self.fn).parameters.values())
+
     def requires(self, name: str) -> bool:
         """Whether the agent has a parameter ``name`` (after the task) without a default."""
-        parameters = list(inspect.signature(self.fn).parameters.values())[1:]
-        return any(p.name == name and p.default is inspect.Parameter.empty for p in parameters)
+        return any(p.name == name and p.default is inspect.Parameter.empty for p in self.parameters[1:])
 
     def arguments(
         self, task: Any, *, llm: Any, resources: Mapping[str, Any], rollout: Rollout
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Positional and keyword arguments for one call."""
-        parameters = list(inspect.signature(self.fn).parameters.values())
+        parameters = self.parameters
         if not parameters or parameters[0].kind not in (
             inspect.Parameter.POSITIONAL_ONLY,
             inspect.Parameter.POSITIONAL_OR_KEYWORD,

@@ -108,7 +108,6 @@ class Worker:
         self.stats = WorkerStats()
         self.in_flight: dict[str, AttemptedRollout] = {}
         """The attempts running now, by attempt id."""
-        self._rewards: dict[str, float] = {}
         """What the agent returned, by attempt id, until the attempt's ``finished`` event carries it."""
         self._threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="agent")
         self._ends = EndBatcher(store)
@@ -175,11 +174,12 @@ class Worker:
         self.in_flight[attempt_id] = claimed
         self.report({"event": "claimed", "rollout_id": rollout_id, "attempt_id": attempt_id, "timeout": timeout})
         status: EndedAttemptStatus = "failed"
+        reward: float | None = None
         try:
             # No "running" write of its own: the attempt's first span or heartbeat marks it running (the store
             # revives a preparing attempt on either, as Agent Lightning's does), one write fewer per rollout.
             with tracer.attempt(rollout_id, attempt_id):
-                status, hung = await self._run_agent(claimed, timeout, resources)
+                status, hung, reward = await self._run_agent(claimed, timeout, resources)
             if not await tracer.flush():
                 logger.warning("spans of %s were not all written before the flush timed out", attempt_id)
             if hung:
@@ -190,27 +190,28 @@ class Worker:
                 logger.warning("%d spans of %s could not be written", lost, attempt_id)
             await self._finish(rollout_id, attempt_id, status)
         except AttemptLost:
-            status = "timeout"
+            status, reward = "timeout", None  # not ours any more: its reward does not count
             self.stats.outcomes[status] += 1
             logger.warning("attempt %s of %s is no longer ours; stopped it", attempt_id, rollout_id)
         finally:
             del self.in_flight[attempt_id]
         finished = {"event": "finished", "rollout_id": rollout_id, "attempt_id": attempt_id, "status": status}
-        self.report(finished | {"reward": self._rewards.pop(attempt_id, None)})
+        self.report(finished | {"reward": reward})
         await persist(lambda: self._worker_heartbeat(due_only=True), what="worker heartbeat")
         return status
 
     async def _run_agent(
         self, claimed: AttemptedRollout, timeout: float | None, update: ResourcesUpdate | None
-    ) -> tuple[EndedAttemptStatus, bool]:
-        """Run the agent (and its heartbeats); the attempt status and whether a sync agent's thread hung."""
+    ) -> tuple[EndedAttemptStatus, bool, float | None]:
+        """Run the agent (and its heartbeats): the attempt status, whether a sync agent's thread hung, and the
+        reward it returned (None when it returned none or did not succeed)."""
         resources = await self._resources(claimed, update)
         try:
             args, kwargs = self._arguments(claimed, resources)
         except AgentSignatureError as error:  # the agent cannot be called for this rollout: its attempt fails
             emit_exception(error)
             logger.warning("cannot run the agent on %s: %s", claimed.rollout_id, error)
-            return "failed", False
+            return "failed", False, None
         if self.agent.is_async:
             work: asyncio.Future[Any] = asyncio.ensure_future(self.agent(*args, **kwargs))
         else:
@@ -225,24 +226,23 @@ class Worker:
             if work not in done:
                 work.cancel()
                 emit_exception(TimeoutError(f"agent ran over its {timeout} s timeout"))
-                return "timeout", not self.agent.is_async
+                return "timeout", not self.agent.is_async, None
             result = work.result()
         except Exception as error:
             if isinstance(error, AttemptLost):
                 raise
             emit_exception(error)
             logger.info("agent failed on %s: %s: %s", claimed.rollout_id, type(error).__name__, error)
-            return "failed", False
+            return "failed", False, None
         finally:
             watcher.cancel()
             work.cancel()  # a no-op once it is done; stops an async agent when the attempt is lost or cancelled
         if isinstance(result, bool) or not (result is None or isinstance(result, int | float)):
             emit_exception(TypeError(f"an agent returns a float reward or None, not {type(result).__name__}"))
-            return "failed", False
+            return "failed", False, None
         if result is not None:
             emit_reward(float(result))
-            self._rewards[claimed.attempt.attempt_id] = float(result)
-        return "succeeded", False
+        return "succeeded", False, None if result is None else float(result)
 
     def _arguments(
         self, claimed: AttemptedRollout, resources: dict[str, Any]

@@ -14,6 +14,7 @@ quantity a trainer recomputes as the behaviour policy's.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -97,6 +98,13 @@ def generate_batch(
     return [results[i] for i in range(len(requests))]
 
 
+def cache_keyword(model: Any) -> str:
+    """The name under which ``model``'s forward takes and returns its key/value cache: ``cache`` from transformers
+    5.24 (where ``past_key_values`` still works but warns that it will go), ``past_key_values`` before."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT model's forward is **kwargs
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
 class Decoder:
     """A batch being decoded that new requests can join between two tokens (continuous batching).
 
@@ -110,6 +118,7 @@ class Decoder:
         self, model: Any, stop_token_ids: Collection[int], pad_token_id: int, prompts: PromptCache | None = None
     ) -> None:
         self.model, self.stop, self.pad = model, set(stop_token_ids), pad_token_id
+        self.cache_keyword = cache_keyword(model)
         self.prompts = prompts
         """Where prefilled prompts are reused from (None: every request is prefilled). Its owner clears it when
         the model's weights change."""
@@ -171,11 +180,11 @@ class Decoder:
             input_ids=input_ids,
             attention_mask=attention,
             position_ids=positions,
-            past_key_values=past,
             use_cache=True,
             logits_to_keep=1,
+            **{self.cache_keyword: past},
         )
-        return out.past_key_values, attention, positions[:, -1:], out.logits[:, -1, :].float()
+        return out[self.cache_keyword], attention, positions[:, -1:], out.logits[:, -1, :].float()
 
     def _prefill_cached(self, prompts: Sequence[Prompt]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`_prefill`, running the model only on the distinct prompts that are not in the prompt cache,
@@ -206,10 +215,10 @@ class Decoder:
             input_ids=self.next_tokens[:, None],
             attention_mask=self.attention,
             position_ids=self.positions,
-            past_key_values=self.cache,
             use_cache=True,
+            **{self.cache_keyword: self.cache},
         )
-        self.cache = out.past_key_values
+        self.cache = out[self.cache_keyword]
         return self._sample_and_retire(out.logits[:, -1, :].float(), range(len(self.rows)))
 
     def _merge(self, cache: Any, attention: torch.Tensor, new_rows: list[_Row]) -> None:

@@ -116,6 +116,10 @@ class VllmPolicy:
         self._wait_healthy()
         return self
 
+    def running(self) -> bool:
+        """Whether the vLLM process is started and has not exited."""
+        return self._process is not None and self._process.poll() is None
+
     def stop(self) -> None:
         process, self._process = self._process, None
         if process is not None and process.poll() is None:

@@ -17,7 +17,7 @@ from lightning_store import aio
 from lightning_store.errors import InvalidRequestError
 from lightning_store.migrate import prepare_database
 from lightning_store.settings import ServerSettings, load_server_settings
-from lightning_store.sql.engine import is_sqlite, normalize_url
+from lightning_store.sql.engine import is_sqlite, normalize_url, shown_url
 
 logger = logging.getLogger(__name__)
 
@@ -107,14 +107,3 @@ def log_config(log_level: str) -> dict[str, Any]:
     config = copy.deepcopy(LOGGING_CONFIG)
     config["loggers"]["lightning_store"] = {"handlers": ["default"], "level": log_level.upper(), "propagate": False}
     return config
-
-
-def shown_url(database_url: str) -> str:
-    """The database URL without its password."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        return make_url(database_url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return database_url

@@ -43,6 +43,14 @@ def normalize_url(url: str | URL) -> URL:
     raise InvalidRequestError(f"unsupported database {backend!r}: use postgresql or sqlite", field="database_url")
 
 
+def shown_url(database_url: str) -> str:
+    """``database_url`` as it may be printed: without its password."""
+    try:
+        return make_url(database_url).render_as_string(hide_password=True)
+    except sa_exc.ArgumentError:
+        return database_url
+
+
 def is_sqlite(url: URL) -> bool:
     return url.get_backend_name() == "sqlite"
 
