@@ -102,3 +102,41 @@ async def test_vllm_serves_token_exact_calls_and_swaps_in_new_weights(
     )
     old = teacher_forced(start, prompt, second.response_token_ids)
     assert max(abs(a - b) for a, b in zip(old, second.response_logprobs, strict=True)) > 0.1, "still the old weights"
+
+
+def test_store_policy_serve_runs_vllm_and_stops_it(tmp_path: Path) -> None:
+    """``store policy serve --engine vllm``: the same printed line and token ids as the built-in engine, and
+    SIGTERM stops vLLM too (no process left holding the memory)."""
+    import shlex
+    import signal
+    import subprocess
+
+    from tests.acceptance.test_cli import store_command
+    from tests.acceptance.test_policy_cli import SERVING, Lines, env
+
+    model_dir = build_tiny_model(tmp_path / "model", hidden_size=64, heads=2)
+    assert VLLM_PYTHON is not None
+    argv = [*store_command(), "policy", "serve", str(model_dir), "--port", "0", "--engine", "vllm"]
+    argv += ["--vllm-python", VLLM_PYTHON, "--vllm-args", shlex.join(VLLM_ARGS), "--model-name", "tiny"]
+    variables = {**env(), "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
+    process = subprocess.Popen(argv, env=variables, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = Lines(process)
+    try:
+        url = lines.wait_for(SERVING, 600)["url"]
+        answer = httpx.post(
+            f"{url}/chat/completions",
+            json={"model": "tiny", "messages": MESSAGES, "max_tokens": 3, "return_token_ids": True},
+            timeout=120,
+        ).json()
+        assert answer["prompt_token_ids"] and len(answer["choices"][0]["token_ids"]) == 3, answer
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0, "\n".join(lines.seen)
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{url}/models")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        lines.reader.join(10)
+        assert process.stdout is not None
+        process.stdout.close()
