@@ -51,6 +51,37 @@ def text_problem(text: str) -> str | None:
     return "contains a NUL character" if found.group() == "\x00" else "contains a lone surrogate (not UTF-8)"
 
 
+# A JSON escape that may decode to a NUL or a lone surrogate (or, harmlessly, the text "\\u0000").
+_SUSPECT_ESCAPE = re.compile(r"\\u(?:0000|[dD][89a-fA-F])")
+_SUSPECT_ESCAPE_BYTES = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
+
+
+def storable_text(text: str) -> str:
+    """``text`` with each NUL and lone surrogate replaced by U+FFFD: what both backends can store."""
+    return _BAD_TEXT.sub("\ufffd", text)
+
+
+def storable(value: Any, raw: str | bytes) -> Any:
+    """``value``, parsed from the JSON text ``raw``, with every string (keys too) made :func:`storable_text`.
+
+    For what the server records but did not receive from a client (an upstream LLM's answer): the door refuses
+    such text in requests, but a model may emit a NUL, and Postgres cannot hold one in ``jsonb``, so the record
+    would be lost there and kept on SQLite. Cheap when nothing needs replacing, the common case: one scan of
+    ``raw`` for an escape that could decode to such a character, and ``value`` itself comes back."""
+    found = _SUSPECT_ESCAPE_BYTES.search(raw) if isinstance(raw, bytes) else _SUSPECT_ESCAPE.search(raw)
+    return value if found is None else _replace_bad_text(value)
+
+
+def _replace_bad_text(value: Any) -> Any:
+    if isinstance(value, str):
+        return storable_text(value)
+    if isinstance(value, list):
+        return [_replace_bad_text(item) for item in value]
+    if isinstance(value, dict):
+        return {storable_text(key): _replace_bad_text(item) for key, item in value.items()}
+    return value
+
+
 def check_text(text: str, field: str) -> str:
     problem = text_problem(text)
     if problem is not None:

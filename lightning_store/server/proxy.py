@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from lightning_store.contract import LightningStore
 from lightning_store.errors import InvalidRequestError, NotFoundError
+from lightning_store.limits import storable, storable_text
 from lightning_store.llm_calls import LlmCall
 from lightning_store.resources import LLM, ProxyLLM, ResourcesUpdate
 from lightning_store.server.json_body import CheckedJsonRoute
@@ -106,7 +107,7 @@ async def _proxy(
         call.record_error(status, content.decode(errors="replace"))
         return Response(content, status_code=status, media_type=content_type)
     try:
-        data = json.loads(content)
+        data = storable(json.loads(content), content)  # what the record keeps; the agent gets the bytes as sent
     except ValueError:
         call.record_error(502, f"not JSON: {content[:200].decode(errors='replace')}")
         return JSONResponse({"detail": "the upstream's answer is not JSON", "error_type": "UpstreamError"}, 502)
@@ -233,7 +234,7 @@ class _Assembler:
         if not payload or payload == "[DONE]":
             return
         try:
-            chunk = json.loads(payload)
+            chunk = storable(json.loads(payload), payload)
         except ValueError:
             return
         self.model = chunk.get("model", self.model)
@@ -300,6 +301,7 @@ class _Call:
 
     def _queue(self, response: dict[str, Any] | None, error: str | None) -> None:
         ended = time.time()
+        error = None if error is None else storable_text(error)  # an upstream's error page may hold a NUL
         build = functools.partial(self._build, response=response, error=error, ended=ended)
         self.recorder.add(CallRecord(self.rollout_id, self.attempt_id, build))
 

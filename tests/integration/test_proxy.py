@@ -219,3 +219,37 @@ async def test_concurrent_calls_of_many_attempts_are_all_recorded_before_their_a
         spans = await sql_store.query_spans(rollout.rollout_id)
         assert len(calls) == 3 and [s.sequence_id for s in spans] == [1, 2, 3]
         assert {c.span_id for c in calls} == {s.span_id for s in spans}
+
+
+@pytest.mark.parametrize(
+    "database_url",
+    [pytest.param("sqlite", id="sqlite"), pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)],
+    indirect=True,
+)
+async def test_a_nul_or_lone_surrogate_in_the_answer_is_recorded_on_every_backend(
+    proxy: httpx.AsyncClient, sql_store: SqlStore
+) -> None:
+    """A model may emit a NUL (a tiny untrained one did), which Postgres cannot hold in jsonb: the agent gets the
+    answer as the upstream sent it, and the record keeps it with U+FFFD in its place, on both backends."""
+    content = "mem\u0000ory \ud800!"
+    odd = FastAPI()
+
+    @odd.post("/v1/chat/completions")
+    async def chat(body: dict[str, Any]) -> PlainTextResponse:
+        if body.get("stream"):
+            chunk = {"choices": [{"index": 0, "delta": {"content": content}, "token_ids": [7, 0, 9]}]}
+            return PlainTextResponse(f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n", media_type="text/event-stream")
+        message = {"role": "assistant", "content": content}
+        choice = {"index": 0, "token_ids": [7, 0, 9], "message": message}
+        answer = {"model": "odd", "prompt_token_ids": [1, 2], "choices": [choice]}
+        return PlainTextResponse(json.dumps(answer), media_type="application/json")
+
+    async with serve_app(odd) as odd_url:
+        resources = await sql_store.add_resources({"policy": LLM(endpoint=f"{odd_url}/v1", model="odd")})
+        for stream in (False, True):
+            rollout = await sql_store.start_rollout(1, resources_id=resources.resources_id)
+            response = await proxy.post(bound(rollout), json={"messages": MESSAGES, "stream": stream})
+            assert response.status_code == 200 and "\\u0000" in response.text  # unchanged for the agent
+            [call] = await recorded(sql_store, rollout.rollout_id)
+            assert call.response is not None and call.response_token_ids == [7, 0, 9]
+            assert call.response["choices"][0]["message"]["content"] == "mem\ufffdory \ufffd!"
