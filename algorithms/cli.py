@@ -28,8 +28,9 @@ from rich.table import Table
 
 from algorithms.base import load_algorithm, registered
 from algorithms.extras import needs_train_extra
-from algorithms.progress import LogLevel, Summary, TrainingProgress, configure_logging, stdout_for_results
+from algorithms.progress import Summary, TrainingProgress, configure_logging, stdout_for_results
 from lightning_store import aio
+from lightning_store.logs import LogLevel
 from lightning_store.settings import (
     PolicyServerSettings,
     TrainerSettings,

@@ -148,8 +148,9 @@ def _transformers(
     """The built-in server under uvicorn in a thread (the main thread waits for the signals), on ``listening``."""
     import uvicorn
 
-    from algorithms.progress import LogLevel, quiet_transformers
+    from algorithms.progress import quiet_transformers
     from algorithms.serving.policy_server import PolicyServer
+    from lightning_store.logs import LogLevel
 
     quiet_transformers(LogLevel.info)  # no "Loading weights" bar between the command's lines
     with listening:

@@ -9,7 +9,6 @@ to stderr. On a terminal (stdout's, else stderr's): a live progress bar labelled
 from __future__ import annotations
 
 import contextlib
-import enum
 import json
 import logging
 import os
@@ -24,24 +23,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from lightning_store.logs import LogLevel, quiet_chatty_loggers
+
 HEADLINE = ("reward_mean", "val_reward", "kl", "entropy", "loss", "step_seconds")
 """The metrics the live bar shows (the last value of each; every metric is in the JSON lines and the store)."""
-
-CHATTY_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2", "urllib3", "filelock", "huggingface_hub")
-"""Libraries that log a line per HTTP request (or per file lock) at INFO or DEBUG: shown only at DEBUG."""
-
-
-class LogLevel(enum.StrEnum):
-    """``--log-level`` of ``store train``."""
-
-    debug = "debug"
-    info = "info"
-    warning = "warning"
-    error = "error"
-
-    @property
-    def number(self) -> int:
-        return int(logging.getLevelName(self.value.upper()))
 
 
 class _CurrentStderr(logging.Handler):
@@ -65,8 +50,7 @@ def configure_logging(level: LogLevel) -> None:
     root.handlers[0].setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     root.setLevel(level.number)
     debug = level is LogLevel.debug
-    for name in CHATTY_LOGGERS:
-        logging.getLogger(name).setLevel(logging.NOTSET if debug else max(level.number, logging.WARNING))
+    quiet_chatty_loggers(level.number)
     if not debug:
         for variable in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS"):
             os.environ.setdefault(variable, "1")

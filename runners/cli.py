@@ -9,7 +9,8 @@ from typing import Annotated
 import typer
 
 from lightning_store import aio
-from runners.progress import LogLevel, configure_logging
+from lightning_store.logs import LogLevel
+from runners.progress import configure_logging
 from runners.supervisor import Runner
 
 

@@ -23,9 +23,9 @@ from typing import Any
 
 from lightning_store import aio
 from lightning_store.connect import connect, is_server_url
+from lightning_store.logs import quiet_chatty_loggers
 from runners.agent import load_agent
 from runners.attempts import RELEASE_SECONDS, release_all
-from runners.progress import quiet_http_logs
 from runners.worker import EXIT_HUNG, AgentHung, Worker
 from tracers.openinference import instrument_from_settings
 
@@ -54,7 +54,7 @@ class WorkerConfig:
 def worker_main(config: WorkerConfig, conn: Connection) -> None:
     """Entry point of a worker process."""
     logging.basicConfig(level=config.log_level, format=f"%(asctime)s {config.worker_id} %(levelname)s %(message)s")
-    quiet_http_logs(config.log_level)
+    quiet_chatty_loggers(config.log_level)
     if config.cwd_on_path and config.cwd_on_path not in sys.path:
         sys.path.insert(0, config.cwd_on_path)  # agents given as module:name from the runner's directory
     try:

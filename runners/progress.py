@@ -3,7 +3,6 @@ how the runner and its workers log."""
 
 from __future__ import annotations
 
-import enum
 import json
 import logging
 import sys
@@ -14,24 +13,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from lightning_store.logs import quiet_chatty_loggers
+
 logger = logging.getLogger("runners.progress")
-
-CHATTY_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2", "urllib3")
-"""HTTP clients that log a line per request at INFO (httpx; httpx2 is the OpenAI SDK's) or DEBUG: below DEBUG
-only their warnings are shown."""
-
-
-class LogLevel(enum.StrEnum):
-    """``--log-level`` of ``store run``."""
-
-    debug = "debug"
-    info = "info"
-    warning = "warning"
-    error = "error"
-
-    @property
-    def number(self) -> int:
-        return int(logging.getLevelName(self.value.upper()))
 
 
 class ProgressView:
@@ -116,11 +100,4 @@ class ProgressView:
 def configure_logging(level: int = logging.INFO) -> None:
     """The runner's logging: records at ``level`` on stderr, HTTP clients' request lines only at DEBUG."""
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    quiet_http_logs(level)
-
-
-def quiet_http_logs(level: int) -> None:
-    """httpx (and httpx2, the OpenAI SDK's) log every request at INFO: a line per store call and per LLM call of
-    every agent. Below DEBUG, only their warnings are shown (in the runner and in each worker process)."""
-    for name in CHATTY_LOGGERS:
-        logging.getLogger(name).setLevel(logging.NOTSET if level <= logging.DEBUG else max(level, logging.WARNING))
+    quiet_chatty_loggers(level)

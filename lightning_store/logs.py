@@ -1,0 +1,29 @@
+"""The ``--log-level`` of the commands that run for long (``store run``, ``store train``), and the one rule they
+share: HTTP clients and file locks log a line per request at INFO or DEBUG, which is noise below DEBUG."""
+
+from __future__ import annotations
+
+import enum
+import logging
+
+CHATTY_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2", "urllib3", "filelock", "huggingface_hub")
+"""Libraries that log a line per HTTP request (httpx2 is the OpenAI SDK's) or per file lock."""
+
+
+class LogLevel(enum.StrEnum):
+    """A ``--log-level`` value."""
+
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+    @property
+    def number(self) -> int:
+        return int(logging.getLevelName(self.value.upper()))
+
+
+def quiet_chatty_loggers(level: int) -> None:
+    """Below DEBUG, only the warnings of :data:`CHATTY_LOGGERS` are shown; at DEBUG, all they log."""
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if level <= logging.DEBUG else max(level, logging.WARNING))
