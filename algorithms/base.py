@@ -20,6 +20,11 @@ if TYPE_CHECKING:
 GROUP = "lightning_store.algorithms"
 
 
+class ConfigurationError(ValueError):
+    """A run cannot start as configured; raised before any rollout, its message starts with the option at fault
+    (``templates: …``, ``--val: …``). ``store train`` prints it as one line and exits 2."""
+
+
 class AlgorithmConfig(BaseModel):
     """Base of algorithm configs: unknown fields are refused, so a typo in a YAML file is an error."""
 
@@ -33,6 +38,9 @@ class Algorithm(ABC):
     name: ClassVar[str]
     summary: ClassVar[str] = ""
     Config: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
+    needs_policy: ClassVar[bool] = True
+    """It trains model weights: ``store train`` needs ``--model``, serves the policy and needs the ``train`` extra.
+    False for algorithms that train no weights (APO): no model, no policy server, no torch."""
 
     def __init__(self, config: AlgorithmConfig | None = None, **options: Any) -> None:
         if config is not None and options:

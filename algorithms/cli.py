@@ -2,12 +2,13 @@
 
 ``store train`` runs the whole loop on one machine: ``store serve`` and ``store run`` as subprocesses
 (``algorithms.local_stack``; the store on SQLite in the output directory unless ``--store`` names a server), the
-policy server and the trainer in this process. Metrics go into the store and onto stdout
-(:mod:`algorithms.progress`).
+policy server (for an algorithm that trains weights: ``Algorithm.needs_policy``) and the trainer in this process.
+Metrics go into the store and onto stdout (:mod:`algorithms.progress`).
 
-Both commands need the ``train`` extra: this module imports without torch (what needs it is imported inside the
-commands), so that a plain install can list the ``store`` commands and say which extra these need
-(:mod:`algorithms.extras`).
+This module imports without torch (what needs it is imported inside the commands), and both commands run on a
+plain install: what needs the ``train`` extra is the algorithm, not the command. ``store algorithms list`` shows
+an algorithm that cannot run here with the install hint as its summary; ``store train`` with one prints the hint
+and exits 2 (:mod:`algorithms.extras`), while an algorithm that trains no weights (APO) runs.
 """
 
 from __future__ import annotations
@@ -18,22 +19,26 @@ import json
 import shlex
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from algorithms.base import load_algorithm, registered
-from algorithms.extras import needs_train_extra
+from algorithms.base import Algorithm, ConfigurationError, load_algorithm, registered
+from algorithms.extras import TRAIN_INSTALL, install_hint, lacks_train_modules, train_extra_missing
 from algorithms.progress import Summary, TrainingProgress, configure_logging, stdout_for_results
 from lightning_store import aio
 from lightning_store.logs import LogLevel
 from lightning_store.settings import (
+    OptimizerSettings,
     PolicyServerSettings,
     TrainerSettings,
+    load_optimizer_settings,
     load_policy_server_settings,
     load_trainer_settings,
 )
@@ -41,10 +46,30 @@ from lightning_store.settings import (
 if TYPE_CHECKING:
     from algorithms.session import ServedPolicy
 
-algorithms = needs_train_extra(
-    typer.Typer(help="Training algorithms registered through the lightning_store.algorithms entry points.")
-)
+algorithms = typer.Typer(help="Training algorithms registered through the lightning_store.algorithms entry points.")
 console = Console(stderr=True)
+
+NEEDS_TRAIN_EXTRA = f"(needs the 'train' extra: {TRAIN_INSTALL})"
+"""The summary ``store algorithms list`` shows for an algorithm that cannot run in this installation."""
+
+
+class TrainExtraMissing(Exception):
+    """The algorithm needs the ``train`` extra (torch, transformers), which this installation lacks."""
+
+
+def load_runnable(name: str) -> type[Algorithm]:
+    """The algorithm class registered as ``name`` (``KeyError`` if none is); :class:`TrainExtraMissing` where it
+    needs the ``train`` extra and that is missing: its module fails to import torch, or it trains weights
+    (``needs_policy``)."""
+    try:
+        loaded = load_algorithm(name)
+    except ImportError as error:
+        if lacks_train_modules(error):
+            raise TrainExtraMissing(name) from error
+        raise
+    if loaded.needs_policy and train_extra_missing() is not None:
+        raise TrainExtraMissing(name)
+    return loaded
 
 
 @algorithms.command("list")
@@ -53,7 +78,9 @@ def list_algorithms(as_json: Annotated[bool, typer.Option("--json", help="Print 
     rows = []
     for name, entry in sorted(registered().items()):
         try:
-            summary = load_algorithm(name).summary
+            summary = load_runnable(name).summary
+        except TrainExtraMissing:
+            summary = NEEDS_TRAIN_EXTRA
         except Exception as error:  # a broken plugin is shown, not fatal
             summary = f"(cannot load: {error})"
         source = entry.dist.name if entry.dist else "?"
@@ -63,7 +90,7 @@ def list_algorithms(as_json: Annotated[bool, typer.Option("--json", help="Print 
         return
     table = Table("name", "target", "package", "summary")
     for row in rows:
-        table.add_row(row["name"], row["target"], row["distribution"], row["summary"])
+        table.add_row(*(escape(row[key]) for key in ("name", "target", "distribution", "summary")))
     Console().print(table)
 
 
@@ -92,16 +119,44 @@ def read_config(path: Path | None) -> dict[str, Any]:
     return loaded
 
 
-@needs_train_extra
+def _runnable_algorithm(name: str) -> str:
+    """``--algorithm``'s check, made before the other options are read (it is eager): an algorithm that needs the
+    missing ``train`` extra is the install hint and exit 2, whatever else the command line lacks."""
+    try:
+        load_runnable(name)
+    except TrainExtraMissing:
+        typer.echo(install_hint("train"), err=True)
+        raise typer.Exit(2) from None
+    except KeyError as error:
+        raise typer.BadParameter(str(error.args[0])) from None
+    return name
+
+
 def train(
-    algorithm: Annotated[str, typer.Option(help="Registered algorithm (store algorithms list).")],
+    algorithm: Annotated[
+        str,
+        typer.Option(help="Registered algorithm (store algorithms list).", is_eager=True, callback=_runnable_algorithm),
+    ],
     agent: Annotated[str, typer.Option(help="The agent, as module:name.")],
     train_file: Annotated[Path, typer.Option("--train", help="Training tasks, JSON Lines.", exists=True)],
-    model: Annotated[Path, typer.Option(help="Model directory (transformers format).", exists=True)],
+    model: Annotated[
+        Path | None,
+        typer.Option(help="Model directory (transformers format); the RL algorithms' only.", exists=True),
+    ] = None,
     val_file: Annotated[Path | None, typer.Option("--val", help="Validation tasks, JSON Lines.", exists=True)] = None,
+    test_file: Annotated[
+        Path | None, typer.Option("--test", help="Held-out test tasks, JSON Lines (APO scores them).", exists=True)
+    ] = None,
     config: Annotated[Path | None, typer.Option(help="YAML file of algorithm options.", exists=True)] = None,
     output: Annotated[Path, typer.Option(help="Checkpoints, logs and the embedded store.")] = Path("runs/latest"),
-    steps: Annotated[int, typer.Option(min=1, help="Training steps.")] = 10,
+    steps: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Training steps (default 10; for an algorithm that trains no weights, as apo: its own bound).",
+            show_default=False,
+        ),
+    ] = None,
     workers: Annotated[int, typer.Option(min=1, help="Runner worker processes.")] = 4,
     concurrency: Annotated[
         int, typer.Option(min=1, help="Attempts each worker runs at once (their LLM calls are decoded together).")
@@ -125,6 +180,13 @@ def train(
     deepspeed_config: Annotated[
         Path | None, typer.Option(help="JSON file of DeepSpeed options over the generated ones.", exists=True)
     ] = None,
+    optimizer_url: Annotated[
+        str | None, typer.Option(help="APO: base URL of the optimizer LLM's OpenAI-compatible API.")
+    ] = None,
+    optimizer_model: Annotated[str | None, typer.Option(help="APO: the optimizer LLM's model name.")] = None,
+    optimizer_api_key: Annotated[
+        str | None, typer.Option(help="APO: bearer key of the optimizer endpoint.", show_default=False)
+    ] = None,
     log_level: Annotated[
         LogLevel,
         typer.Option(help="Log records shown, the subprocesses' too; debug adds HTTP requests and progress bars."),
@@ -132,8 +194,95 @@ def train(
 ) -> None:
     """Train an agent: store, policy server, runners and trainer on this machine.
 
-    On a terminal: a progress bar, then a summary. Otherwise: one JSON line per step on stdout, then a summary line."""
+    On a terminal: a progress bar, then a summary. Otherwise: one JSON line per step on stdout, then a summary line.
+    An algorithm that trains no weights (apo) needs no --model and starts no policy server."""
     configure_logging(log_level)
+    algorithm_class = load_runnable(algorithm)  # checked by _runnable_algorithm
+    needs_policy = algorithm_class.needs_policy
+    serving: PolicyServerSettings | None = None
+    training: TrainerSettings | None = None
+    if needs_policy:
+        if model is None:
+            raise typer.BadParameter(
+                f"{algorithm} trains a model: give its directory (transformers format)", param_hint="--model"
+            )
+        serving, training = _policy_settings(
+            policy_server, vllm_python, vllm_args, trainer, processes, zero_stage, deepspeed_config
+        )
+        from algorithms.session import DEFAULT_MAX_STEPS
+
+        steps = DEFAULT_MAX_STEPS if steps is None else steps
+    elif model is not None:
+        console.print(f"[yellow]{algorithm} trains no model: --model is not used[/yellow]")
+        model = None
+    try:
+        optimizer = load_optimizer_settings(
+            optimizer_url=optimizer_url, optimizer_model=optimizer_model, optimizer_api_key=optimizer_api_key
+        )
+    except ValidationError as error:
+        raise typer.BadParameter(str(error), param_hint="--optimizer-* (or LIGHTNING_STORE_OPTIMIZER_*)") from None
+    try:
+        instance = algorithm_class(**read_config(config))
+    except ValidationError as error:
+        raise typer.BadParameter(str(error), param_hint="--config") from None
+    splits = Splits(
+        train=read_tasks(train_file),
+        val=read_tasks(val_file) if val_file else [],
+        test=read_tasks(test_file) if test_file else [],
+    )
+    output.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    with stdout_for_results() as results, contextlib.ExitStack() as stack:
+        from algorithms.local_stack import ProcessFailed, embedded_store, runners
+
+        progress = stack.enter_context(TrainingProgress(steps, out=results))
+        if store is None:
+            progress.phase("starting the store")
+        try:
+            url = store or stack.enter_context(embedded_store(output, log_level=log_level.value))
+        except ProcessFailed as error:
+            console.print(f"[red]{error}[/red]")
+            raise typer.Exit(code=1) from None
+        runner_log = output / "runner.log"
+        stack.enter_context(
+            runners(agent, url, workers=workers, concurrency=concurrency, log=runner_log, log_level=log_level.value)
+        )
+        served: ServedPolicy | None = None
+        if serving is not None and model is not None:
+            progress.phase("loading the model")
+            served = stack.enter_context(_policy(serving, model, output, log_level))
+        run = _train(instance, url, splits, model, output, steps, resume, served, training, optimizer, progress)
+        try:
+            history = aio.run(run)["history"]
+        except ConfigurationError as error:  # found before any rollout: one line, as a bad option is
+            stack.close()
+            Console(stderr=True).print(f"store train: {escape(str(error))}", markup=True, highlight=False)
+            raise typer.Exit(code=2) from None
+        progress.phase("stopping")
+        stack.close()  # the policy server, the runners and the store stop, and the display ends, before the summary
+        progress.summary(
+            Summary.of(
+                history,
+                algorithm=algorithm,
+                wall_seconds=time.monotonic() - began,
+                output=output,
+                checkpoint=_newest_checkpoint(output) if needs_policy else None,
+                logs=_logs(output),
+                store=str(output / "store.db") if store is None else store,
+            )
+        )
+
+
+def _policy_settings(
+    policy_server: str | None,
+    vllm_python: str | None,
+    vllm_args: str | None,
+    trainer: str | None,
+    processes: int | None,
+    zero_stage: int | None,
+    deepspeed_config: Path | None,
+) -> tuple[PolicyServerSettings, TrainerSettings]:
+    """The policy server's and the trainer's settings (argument, else environment, else default), checked."""
     try:
         serving = load_policy_server_settings(policy_server=policy_server, vllm_python=vllm_python, vllm_args=vllm_args)
     except ValidationError as error:
@@ -153,54 +302,20 @@ def train(
     if serving.policy_server == "vllm" and not serving.vllm_python:
         missing = "vLLM needs the interpreter of its virtualenv (or LIGHTNING_STORE_VLLM_PYTHON)"
         raise typer.BadParameter(missing, param_hint="--vllm-python")
-    try:
-        algorithm_class = load_algorithm(algorithm)
-    except KeyError as error:
-        raise typer.BadParameter(str(error.args[0]), param_hint="--algorithm") from None
-    try:
-        instance = algorithm_class(**read_config(config))
-    except ValidationError as error:
-        raise typer.BadParameter(str(error), param_hint="--config") from None
-    tasks = read_tasks(train_file)
-    val_tasks = read_tasks(val_file) if val_file else []
-    output.mkdir(parents=True, exist_ok=True)
-    began = time.monotonic()
-    with stdout_for_results() as results, contextlib.ExitStack() as stack:
-        from algorithms.local_stack import ProcessFailed, embedded_store, runners
+    return serving, training
 
-        progress = stack.enter_context(TrainingProgress(steps, out=results))
-        if store is None:
-            progress.phase("starting the store")
-        try:
-            url = store or stack.enter_context(embedded_store(output, log_level=log_level.value))
-        except ProcessFailed as error:
-            console.print(f"[red]{error}[/red]")
-            raise typer.Exit(code=1) from None
-        runner_log = output / "runner.log"
-        stack.enter_context(
-            runners(agent, url, workers=workers, concurrency=concurrency, log=runner_log, log_level=log_level.value)
-        )
-        progress.phase("loading the model")
-        served = stack.enter_context(_policy(serving, model, output, log_level))
-        run = _train(instance, url, tasks, val_tasks, model, output, steps, resume, served, training, progress)
-        history = aio.run(run)["history"]
-        progress.phase("stopping")
-        stack.close()  # the policy server, the runners and the store stop, and the display ends, before the summary
-        progress.summary(
-            Summary.of(
-                history,
-                algorithm=algorithm,
-                wall_seconds=time.monotonic() - began,
-                output=output,
-                checkpoint=_newest_checkpoint(output),
-                logs=_logs(output),
-                store=str(output / "store.db") if store is None else store,
-            )
-        )
+
+@dataclass(frozen=True)
+class Splits:
+    """The tasks of a run: training, validation, held-out test."""
+
+    train: list[Any]
+    val: list[Any]
+    test: list[Any]
 
 
 def _newest_checkpoint(output: Path) -> Path | None:
-    from algorithms.checkpoints import PREFIX, saved_steps
+    from algorithms.training.checkpoints import PREFIX, saved_steps
 
     steps = saved_steps(output)
     return output / f"{PREFIX}{steps[-1]}" if steps else None
@@ -247,33 +362,36 @@ def _policy(settings: PolicyServerSettings, model: Path, output: Path, log_level
 async def _train(
     instance: Any,
     url: str,
-    tasks: list[Any],
-    val_tasks: list[Any],
-    model: Path,
+    splits: Splits,
+    model: Path | None,
     output: Path,
-    steps: int,
+    steps: int | None,
     resume: bool,
-    policy: ServedPolicy,
-    trainer: TrainerSettings,
+    policy: ServedPolicy | None,
+    trainer: TrainerSettings | None,
+    optimizer: OptimizerSettings,
     progress: TrainingProgress,
 ) -> dict[str, Any]:
     from algorithms.session import TrainingSession
     from lightning_store.connect import connect
 
     client = await connect(url)
+    backend = {"trainer": trainer} if trainer is not None else {}  # else the session's default (unused)
     session = TrainingSession(
         store=client,
-        train_tasks=tasks,
-        val_tasks=val_tasks,
+        train_tasks=splits.train,
+        val_tasks=splits.val,
+        test_tasks=splits.test,
         model_dir=model,
         output_dir=output,
         policy=policy,
+        optimizer=optimizer,
         max_steps=steps,
         resume=resume,
         on_step=progress.update,
         on_phase=progress.phase,
-        trainer=trainer,
         freeze_heap=True,
+        **backend,
     )
     try:
         result: dict[str, Any] = await instance.train(session)

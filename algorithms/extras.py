@@ -10,6 +10,10 @@ of the ``train`` extra (a ``typer.Typer`` group or a function)::
     policy = needs_train_extra(typer.Typer(help="Serve a policy."))
 
 and register it in ``pyproject.toml`` under ``[project.entry-points."lightning_store.commands"]``.
+
+``store train`` and ``store algorithms`` are not marked: what they need depends on the algorithm (APO trains no
+weights and runs without torch), so they check each algorithm (``algorithms.cli``: one whose module fails to
+import for lack of torch, or whose ``needs_policy`` is set) and print :func:`install_hint` themselves.
 """
 
 from __future__ import annotations
@@ -44,3 +48,20 @@ def needs_train_extra(target: T) -> T:
     extra: where it is missing, ``store --help`` leaves the command out and running it prints the install hint."""
     setattr(target, MISSING_EXTRA, train_extra_missing())
     return target
+
+
+TRAIN_INSTALL = "pip install 'lightning-store[train]'"
+"""How to install the ``train`` extra."""
+
+
+def install_hint(command: str) -> str:
+    """The line a command prints (then exits 2) where the ``train`` extra it needs is missing: the same as
+    ``lightning_store.cli`` prints for a command marked with :func:`needs_train_extra`."""
+    return f"store {command} needs the 'train' extra: {TRAIN_INSTALL}"
+
+
+def lacks_train_modules(error: ImportError) -> bool:
+    """Whether ``error`` (from importing an algorithm) is the ``train`` extra's absence: torch or transformers
+    could not be imported, and they are missing here."""
+    root = (error.name or "").split(".")[0]
+    return root in TRAIN_MODULES and train_extra_missing() is not None

@@ -10,12 +10,15 @@ per request, not the interpreter lock; see docs/benchmarks.md.)
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -60,11 +63,33 @@ def terminate(process: subprocess.Popen[bytes], grace: float = 60.0) -> None:
         process.wait()
 
 
+PR_SET_PDEATHSIG = 1
+"""``prctl`` option (linux/prctl.h): the signal the calling process gets when its parent dies."""
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """On Linux, a ``preexec_fn`` that has the child sent SIGTERM when this process dies, SIGKILL included (else
+    ``store serve`` and ``store run`` would outlive a killed trainer, orphaned); None elsewhere. The "parent" is
+    the thread that starts the child: start them from a thread that lives as long as they should (the main one)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    parent = os.getpid()
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it (no dlopen after fork)
+
+    def preexec() -> None:  # in the child, between fork and exec
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
 @contextlib.contextmanager
 def subprocess_in(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """Runs ``argv`` with its output appended to ``log``; on exit, :func:`terminate`."""
+    """Runs ``argv`` with its output appended to ``log``; on exit, :func:`terminate`. It gets SIGTERM should this
+    process die without stopping it (:func:`die_with_parent`)."""
     with log.open("ab") as sink:
-        process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
     try:
         yield process
     finally:

@@ -108,7 +108,9 @@ class Summary:
         store: str,
     ) -> Summary:
         """The summary of a run whose metrics (one dict per step, with its ``step``) are ``history``."""
-        trained = [entry for entry in history if "step_seconds" in entry]  # the evaluation alone has none
+        # The evaluation alone has no step_seconds (RL); APO's rounds carry round_seconds, its round 0 (the seed's
+        # validation) included.
+        trained = [e for e in history if "step_seconds" in e or ("round_seconds" in e and e["step"] > 0)]
         evaluated = [entry for entry in history if "val_reward" in entry]
         val_reward: dict[str, float] = {}
         if evaluated:
@@ -161,10 +163,16 @@ class TrainingProgress:
     """``phase(text)`` as the run moves on, ``update(step, metrics)`` after each step, ``summary(...)`` at the
     end; a context manager around the run. ``out`` receives the results (default: ``sys.stdout``): JSON lines
     unless it is a terminal (``json_lines``). ``live`` (default: ``out`` or stderr is a terminal) shows the bar and
-    the summary block, on stderr when that is a terminal, else on ``out``."""
+    the summary block, on stderr when that is a terminal, else on ``out``. ``steps`` is the bar's total; None where
+    the run's length is the algorithm's to decide (APO without ``--steps``): the bar counts steps without a total."""
 
     def __init__(
-        self, steps: int, *, out: TextIO | None = None, live: bool | None = None, json_lines: bool | None = None
+        self,
+        steps: int | None,
+        *,
+        out: TextIO | None = None,
+        live: bool | None = None,
+        json_lines: bool | None = None,
     ) -> None:
         self.out = out or sys.stdout
         self.json_lines = not self.out.isatty() if json_lines is None else json_lines

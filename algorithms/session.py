@@ -17,10 +17,13 @@ from typing import Any, Protocol
 from lightning_store.contract import LightningStore
 from lightning_store.models import AttemptedRollout, AttemptStatus
 from lightning_store.resources import LLM
-from lightning_store.settings import TrainerSettings
+from lightning_store.settings import OptimizerSettings, TrainerSettings
 from lightning_store.spans import Span
 
 STEP_SPAN = "lightning_store.train.step"
+
+DEFAULT_MAX_STEPS = 10
+"""The steps of an RL run whose session bounds none (``max_steps=None``)."""
 
 
 class ServedPolicy(Protocol):
@@ -84,11 +87,20 @@ class TrainingSession:
 
     store: LightningStore
     train_tasks: Sequence[Any]
-    model_dir: Path
+    model_dir: Path | None
+    """The model being trained (None for algorithms that train no weights, as APO)."""
     output_dir: Path
-    policy: ServedPolicy
+    policy: ServedPolicy | None
+    """The server of the policy being trained (None where ``Algorithm.needs_policy`` is False)."""
     val_tasks: Sequence[Any] = ()
-    max_steps: int = 10
+    test_tasks: Sequence[Any] = ()
+    """Held-out tasks: an algorithm that reports a test score (APO) evaluates on them at the end, nothing more."""
+    optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
+    """The optimizer LLM of prompt optimization (APO)."""
+    max_steps: int | None = None
+    """The bound of the run in the algorithm's own steps (RL: training steps, APO: rounds); None where the user set
+    none (``store train`` without ``--steps``): RL then runs :data:`DEFAULT_MAX_STEPS`, an algorithm with a bound of
+    its own (APO's budgets) uses that."""
     resume: bool = True
     on_step: Callable[[int, dict[str, float]], None] = lambda step, metrics: None
     on_phase: Callable[[str], None] = lambda text: None

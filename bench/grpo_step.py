@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from algorithms import tensor_thread
-from algorithms.builtin import GRPO
 from algorithms.local_stack import embedded_store_client, runners
+from algorithms.rl.builtin import GRPO
 from algorithms.serving.local import LocalPolicy
 from algorithms.session import TrainingSession
 from examples.flight.agent import SYSTEM, choose_tool

@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from algorithms.builtin import GRPO
 from algorithms.cli import read_tasks
 from algorithms.local_stack import embedded_store_client, runners
+from algorithms.rl.builtin import GRPO
 from algorithms.serving.batching import SamplingRequest
 from algorithms.serving.local import LocalPolicy
 from algorithms.session import TrainingSession

@@ -131,3 +131,21 @@ class TrainerSettings(BaseSettings):
 
 def load_trainer_settings(**overrides: Any) -> TrainerSettings:
     return TrainerSettings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+class OptimizerSettings(BaseSettings):
+    """The optimizer LLM of prompt optimization (``store train --algorithm apo``): any OpenAI-compatible endpoint,
+    separate from the agents' LLM. Its calls are recorded in the store under the run."""
+
+    model_config = SettingsConfigDict(env_prefix="LIGHTNING_STORE_", extra="ignore")
+
+    optimizer_url: str | None = Field(
+        default=None, description="Base URL of the optimizer's OpenAI-compatible API, e.g. https://api.openai.com/v1."
+    )
+    optimizer_model: str | None = Field(default=None, description="Model name the optimizer endpoint serves.")
+    optimizer_api_key: str | None = Field(default=None, description="Bearer key of the optimizer endpoint.")
+    optimizer_timeout: float = Field(default=300.0, gt=0, description="Seconds one optimizer call may take.")
+
+
+def load_optimizer_settings(**overrides: Any) -> OptimizerSettings:
+    return OptimizerSettings(**{k: v for k, v in overrides.items() if v is not None})

@@ -369,6 +369,6 @@ def _settle(future: asyncio.Future[Generation], generation: Generation | None, e
 
 
 if __name__ == "__main__":  # python -m algorithms.serving.policy_server: the same command as `store policy serve`
-    from algorithms.policy_cli import main
+    from algorithms.serving.policy_cli import main
 
     main()

@@ -205,12 +205,17 @@ PLAIN_INSTALL = (
 TRAIN_EXTRA = "pip install 'lightning-store[train]'"
 
 
-def store_without_train_extra(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``store ARGS`` in a process where torch and transformers cannot be imported."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_STORE_")} | {"COLUMNS": "200"}
+def store_without_train_extra(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``store ARGS`` in a process where torch and transformers cannot be imported (``env`` added to its
+    environment)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_STORE_")} | {"COLUMNS": "200"}
     argv = [sys.executable, "-c", PLAIN_INSTALL, *args]
     cwd = Path(__file__).parents[2]  # the repository's packages, as installed
-    return subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        argv, env=clean | (env or {}), cwd=cwd, capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 def listed_commands(help_text: str) -> set[str]:
@@ -228,21 +233,125 @@ def test_help_lists_the_training_commands_where_the_train_extra_is_installed() -
 
 
 def test_a_plain_install_lists_only_what_it_can_run(tmp_path: Path) -> None:
+    """``store train`` and ``store algorithms`` are listed (an algorithm that trains no weights runs without torch);
+    ``store policy`` is not."""
     result = store_without_train_extra(tmp_path, "--help")
     assert result.returncode == 0, output(result)
     assert result.stderr == ""  # no "cannot load command" warning
     commands = listed_commands(result.stdout)
-    assert {"serve", "migrate", "stats", "sql", "run"} <= commands
-    assert not {"train", "algorithms"} & commands, commands
+    assert {"serve", "migrate", "stats", "sql", "run", "train", "algorithms"} <= commands
+    assert "policy" not in commands, commands
 
 
-def test_a_plain_install_says_which_extra_train_needs(tmp_path: Path) -> None:
+def test_a_plain_install_says_which_extra_an_rl_algorithm_needs(tmp_path: Path) -> None:
     shown = store_without_train_extra(tmp_path, "train", "--help")
     assert shown.returncode == 0, output(shown)
-    assert TRAIN_EXTRA in shown.stdout and "Train an agent" in shown.stdout
+    assert "Train an agent" in shown.stdout
 
     hint = f"store train needs the 'train' extra: {TRAIN_EXTRA}"
     ran = store_without_train_extra(tmp_path, "train", "--algorithm", "grpo", "--agent", "a:b", "--steps", "1")
     assert (ran.returncode, ran.stdout, ran.stderr) == (2, "", hint + "\n")
-    listed = store_without_train_extra(tmp_path, "algorithms", "list")
-    assert (listed.returncode, listed.stderr) == (2, f"store algorithms needs the 'train' extra: {TRAIN_EXTRA}\n")
+    alone = store_without_train_extra(tmp_path, "train", "--algorithm", "grpo")
+    assert (alone.returncode, alone.stdout, alone.stderr) == (2, "", hint + "\n")
+    listed = store_without_train_extra(tmp_path, "algorithms", "list", "--json")
+    assert listed.returncode == 0, output(listed)
+    rows = {row["name"]: row for row in json.loads(listed.stdout)}
+    assert {"grpo", "ppo", "reinforce_pp"} <= set(rows)
+    for name in ("grpo", "ppo", "reinforce_pp"):
+        assert rows[name]["summary"] == f"(needs the 'train' extra: {TRAIN_EXTRA})", rows[name]
+    policy = store_without_train_extra(tmp_path, "policy", "serve", "model")
+    assert (policy.returncode, policy.stderr) == (2, f"store policy needs the 'train' extra: {TRAIN_EXTRA}\n")
+
+
+NO_POLICY_PLUGIN = """
+import json, sys
+from algorithms.base import Algorithm
+
+
+class Prompts(Algorithm):
+    name = "prompts"
+    summary = "Trains prompts, no weights."
+    needs_policy = False
+
+    async def train(self, session):
+        seen = {
+            "torch": sys.modules.get("torch"),
+            "model_dir": session.model_dir,
+            "policy": session.policy,
+            "max_steps": session.max_steps,
+            "tasks": [list(session.train_tasks), list(session.val_tasks), list(session.test_tasks)],
+            "optimizer": session.optimizer.model_dump(),
+        }
+        (session.output_dir / "seen.json").write_text(json.dumps(seen))
+        metrics = {"val_reward": 0.5, "round_seconds": 0.1}
+        session.on_step(1, metrics)
+        return {"history": [{"step": 1.0, **metrics}]}
+"""
+
+
+def install_no_policy_plugin(site: Path) -> None:
+    """A package (module + dist-info, as pip lays it out) registering an algorithm that trains no weights."""
+    site.mkdir()
+    (site / "prompts_algorithm.py").write_text(NO_POLICY_PLUGIN)
+    info = site / "prompts_algorithm-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: prompts-algorithm\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[lightning_store.algorithms]\nprompts = prompts_algorithm:Prompts\n")
+    (info / "RECORD").write_text("")
+
+
+def test_a_plain_install_trains_with_an_algorithm_that_needs_no_model(tmp_path: Path) -> None:
+    """No --model, no policy server, no torch: the session has neither model nor policy, and gets the test tasks
+    and the optimizer settings (argument over environment)."""
+    install_no_policy_plugin(tmp_path / "site")
+    for split, task in (("train", {"q": 1}), ("val", {"q": 2}), ("test", {"q": 3})):
+        (tmp_path / f"{split}.jsonl").write_text(json.dumps(task) + "\n")
+    run = tmp_path / "run"
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(Path(__file__).parents[2])])}
+    env |= {"LIGHTNING_STORE_OPTIMIZER_API_KEY": "key", "LIGHTNING_STORE_OPTIMIZER_MODEL": "from-env"}
+    listed = store_without_train_extra(tmp_path, "algorithms", "list", "--json", env=env)
+    rows = {row["name"]: row for row in json.loads(listed.stdout)}
+    assert rows["prompts"]["summary"] == "Trains prompts, no weights."
+    args = ["train", "--algorithm", "prompts", "--agent", "examples.flight.agent:flight_agent", "--workers", "1"]
+    args += ["--train", str(tmp_path / "train.jsonl"), "--val", str(tmp_path / "val.jsonl")]
+    args += ["--test", str(tmp_path / "test.jsonl"), "--output", str(run)]
+    args += ["--optimizer-url", "http://127.0.0.1:9/v1", "--optimizer-model", "from-option"]
+    ran = store_without_train_extra(tmp_path, *args, env=env)
+    assert ran.returncode == 0, output(ran)
+    assert "loading the model" not in ran.stderr
+    seen = json.loads((run / "seen.json").read_text())
+    assert seen == {
+        "torch": None,
+        "model_dir": None,
+        "policy": None,
+        "max_steps": None,
+        "tasks": [[{"q": 1}], [{"q": 2}], [{"q": 3}]],
+        "optimizer": {
+            "optimizer_url": "http://127.0.0.1:9/v1",
+            "optimizer_model": "from-option",
+            "optimizer_api_key": "key",
+            "optimizer_timeout": 300.0,
+        },
+    }
+    *steps, summary = [json.loads(line) for line in ran.stdout.splitlines()]
+    assert steps == [{"event": "step", "step": 1, "val_reward": 0.5, "round_seconds": 0.1}]
+    assert summary["event"] == "summary" and summary["algorithm"] == "prompts"
+    assert (summary["steps_run"], summary["checkpoint"], summary["store"]) == (1, None, str(run / "store.db"))
+
+
+def test_an_rl_algorithm_needs_a_model(tmp_path: Path) -> None:
+    (tmp_path / "train.jsonl").write_text("{}\n")
+    argv = [
+        *store_command(),
+        "train",
+        "--algorithm",
+        "grpo",
+        "--agent",
+        "a:b",
+        "--train",
+        str(tmp_path / "train.jsonl"),
+    ]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path)
+    assert result.returncode == 2, output(result)
+    assert "--model" in result.stderr and "grpo trains a model" in result.stderr, result.stderr
+    assert not (tmp_path / "runs").exists()

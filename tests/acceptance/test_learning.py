@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from algorithms.base import Algorithm
-from algorithms.builtin import GRPO, PPO, ReinforcePP
+from algorithms.rl.builtin import GRPO, PPO, ReinforcePP
 from examples.flight.model import build_tool_namer
 from lightning_store.client import HttpStore
 from tests.learning import STARTING_RATE_CEILING, train

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from algorithms.builtin import GRPO
-from algorithms.policy import ADAPTER_DIR
+from algorithms.rl.builtin import GRPO
+from algorithms.training.policy import ADAPTER_DIR
 from examples.flight.model import build_tool_namer
 from lightning_store.client import HttpStore
 from lightning_store.settings import TrainerSettings

@@ -152,7 +152,7 @@ def test_a_bad_model_dir_is_one_line_and_a_non_zero_exit(kind: str, tmp_path: Pa
 def test_the_command_module_imports_without_torch() -> None:
     """A plain install (no ``train`` extra) can load the command, so that ``store`` can list it and say what it
     needs."""
-    blocked = "import sys; sys.modules.update(torch=None, transformers=None); import algorithms.policy_cli"
+    blocked = "import sys; sys.modules.update(torch=None, transformers=None); import algorithms.serving.policy_cli"
     result = subprocess.run([sys.executable, "-c", blocked], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert os.sep not in result.stdout  # nothing printed

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from algorithms.builtin import GRPO
+from algorithms.rl.builtin import GRPO
 from examples.flight.agent import NAMES, SYSTEM, choose_tool
 from examples.flight.model import VAL_TASKS, build_tool_namer
 from lightning_store.client import HttpStore

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from algorithms.base import load_algorithm, registered
-from algorithms.builtin import GRPO, PPO, ReinforcePP
+from algorithms.rl.builtin import GRPO, PPO, ReinforcePP
 
 PLUGIN = """
 from algorithms.base import Algorithm, AlgorithmConfig

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from algorithms.serving.tiny_model import build_tiny_model
-from algorithms.trainers import LocalTrainer, PolicySpec, Trainer
-from algorithms.update import UpdateJob, UpdateSettings, anchor, measure
+from algorithms.training.trainers import LocalTrainer, PolicySpec, Trainer
+from algorithms.training.update import UpdateJob, UpdateSettings, anchor, measure
 from lightning_store.settings import TrainerSettings
 from tests.learning import make_transitions
 
@@ -47,7 +47,7 @@ def train_once(trainer: Trainer, *, anchored: bool = False) -> dict[str, float]:
 
 
 def deepspeed(spec: PolicySpec, tmp_path: Path, stage: int) -> Trainer:
-    from algorithms.deepspeed_trainer import DeepSpeedTrainer
+    from algorithms.training.deepspeed_trainer import DeepSpeedTrainer
 
     settings = TrainerSettings(
         trainer="deepspeed", trainer_processes=2, deepspeed_zero_stage=stage, trainer_timeout=120
@@ -144,7 +144,7 @@ def test_a_checkpoint_carries_the_partitioned_optimizer_state(model_dir: Path, t
 
 
 def test_a_rank_that_dies_fails_the_update_with_its_log(model_dir: Path, tmp_path: Path) -> None:
-    from algorithms.deepspeed_trainer import DeepSpeedTrainer, TrainerFailed
+    from algorithms.training.deepspeed_trainer import DeepSpeedTrainer, TrainerFailed
 
     ranks = deepspeed(PolicySpec(model_dir, learning_rate=1e-2), tmp_path, 2)
     assert isinstance(ranks, DeepSpeedTrainer)
@@ -158,7 +158,7 @@ def test_a_rank_that_dies_fails_the_update_with_its_log(model_dir: Path, tmp_pat
 
 
 def test_resuming_with_another_number_of_ranks_is_refused(model_dir: Path, tmp_path: Path) -> None:
-    from algorithms.deepspeed_trainer import DeepSpeedTrainer, TrainerFailed
+    from algorithms.training.deepspeed_trainer import DeepSpeedTrainer, TrainerFailed
 
     ranks = deepspeed(PolicySpec(model_dir, learning_rate=1e-2), tmp_path, 2)
     try:

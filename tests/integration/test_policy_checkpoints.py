@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from algorithms.policy import ADAPTER_DIR, TrainablePolicy, token_batch
 from algorithms.serving.tiny_model import build_tiny_model
+from algorithms.training.policy import ADAPTER_DIR, TrainablePolicy, token_batch
 
 LORA: dict[str, Any] = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
 ROWS = [([5, 6, 7, 8], [9, 10, 11]), ([12, 13], [14])]

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from adapters import Transition
-from algorithms.policy import TrainablePolicy, token_batch
 from algorithms.serving.tiny_model import build_tiny_model
-from algorithms.update import UpdateSettings, anchor, measure, update
+from algorithms.training.policy import TrainablePolicy, token_batch
+from algorithms.training.update import UpdateSettings, anchor, measure, update
 from tests.learning import make_transitions
 
 ROWS = [([5, 6, 7, 8], [9, 10, 11]), ([12, 13], [14]), ([15, 16, 17], [18, 19])]

@@ -25,7 +25,17 @@ from lightning_store.sql.schema import llm_calls, metadata
 from tests.postgres import TemplateDatabases
 
 TABLES = {"rollouts", "attempts", "spans", "resources", "workers", "llm_calls"}
-VIEWS = {"rollouts_v", "attempts_v", "spans_v", "llm_calls_v", "rewards_v", "training_steps_v"}
+VIEWS = {
+    "rollouts_v",
+    "attempts_v",
+    "spans_v",
+    "llm_calls_v",
+    "rewards_v",
+    "training_steps_v",
+    "prompt_candidates_v",
+    "apo_runs_v",
+}
+APO_VIEWS = {"prompt_candidates_v", "apo_runs_v"}
 BACKENDS = [pytest.param("sqlite", id="sqlite"), pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)]
 
 
@@ -125,7 +135,7 @@ async def test_downgrade_to_0001_restores_its_views(empty_engine: AsyncEngine) -
     assert "resources_version" in await view_columns(empty_engine, "rewards_v")
     await migrate.downgrade(empty_engine, "0001")
     assert await migrate.current_revision(empty_engine) == "0001"
-    assert await schema_objects(empty_engine) == (TABLES, VIEWS - {"training_steps_v"})
+    assert await schema_objects(empty_engine) == (TABLES, VIEWS - APO_VIEWS - {"training_steps_v"})
     assert await view_columns(empty_engine, "rewards_v") == [
         "rollout_id",
         "attempt_id",
@@ -139,6 +149,20 @@ async def test_downgrade_to_0001_restores_its_views(empty_engine: AsyncEngine) -
     ]
     assert "status_message" not in await view_columns(empty_engine, "spans_v")
     assert "step" not in await view_columns(empty_engine, "rollouts_v")
+    await migrate.upgrade(empty_engine)
+    await assert_migrated(empty_engine)
+
+
+async def test_downgrade_to_0002_restores_its_views(empty_engine: AsyncEngine) -> None:
+    # 0003 adds the APO views and two columns at the end of llm_calls_v; stepping back gives 0002's views.
+    await migrate.upgrade(empty_engine)
+    usage = ["usage_prompt_tokens", "usage_completion_tokens"]
+    assert (await view_columns(empty_engine, "llm_calls_v"))[-2:] == usage
+    await migrate.downgrade(empty_engine, "0002")
+    assert await migrate.current_revision(empty_engine) == "0002"
+    assert await schema_objects(empty_engine) == (TABLES, VIEWS - APO_VIEWS)
+    columns = await view_columns(empty_engine, "llm_calls_v")
+    assert columns[-1] == "latency_seconds" and not set(usage) & set(columns)
     await migrate.upgrade(empty_engine)
     await assert_migrated(empty_engine)
 

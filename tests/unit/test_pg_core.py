@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from algorithms.advantages import EPSILON, gae, grpo, reinforce_pp
-from algorithms.pg_core import policy_loss, value_loss
+from algorithms.rl.advantages import EPSILON, gae, grpo, reinforce_pp
+from algorithms.training.pg_core import policy_loss, value_loss
 
 
 def test_grpo_normalizes_within_groups_and_drops_flat_ones() -> None:

@@ -2,9 +2,9 @@
 
 Rank 0 is the trainer's own process. It keeps everything that happens once per step, as with one process:
 it measures the batch (old and reference log-probs, values), computes the advantages, and the policy server
-is loaded from its weights. Ranks 1…N−1 are subprocesses (``python -m algorithms.deepspeed_trainer``) that
+is loaded from its weights. Ranks 1…N−1 are subprocesses (``python -m algorithms.training.deepspeed_trainer``) that
 hold a copy of the policy without the reference. For each update rank 0 broadcasts the job (transitions,
-advantages, measured tensors, settings) and every rank runs :func:`algorithms.update.update` on its share of
+advantages, measured tensors, settings) and every rank runs :func:`algorithms.training.update.update` on its share of
 each mini-batch under its DeepSpeed engine: gradients are averaged at each optimizer step, and with ZeRO
 stages 1 and 2 the optimizer state (and with 2 the gradients) are partitioned over the ranks. After a step
 the weights are the same on every rank. On CPU the ranks talk over gloo.
@@ -33,12 +33,12 @@ import torch
 import torch.distributed as dist
 
 from algorithms.local_stack import terminate
-from algorithms.trainers import PolicySpec
+from algorithms.training.trainers import PolicySpec
 from lightning_store.settings import TrainerSettings
 
 if TYPE_CHECKING:
-    from algorithms.policy import TrainablePolicy
-    from algorithms.update import UpdateJob
+    from algorithms.training.policy import TrainablePolicy
+    from algorithms.training.update import UpdateJob
 
 CHECKPOINT_DIR = "deepspeed"
 CHECKPOINT_TAG = "optimizer"
@@ -78,7 +78,7 @@ def deepspeed_config(settings: TrainerSettings, micro_batch_size: int, max_grad_
 
 
 class DeepSpeedOptimization:
-    """:class:`algorithms.optimization.Optimization` on one rank, through its DeepSpeed engine."""
+    """:class:`algorithms.training.optimization.Optimization` on one rank, through its DeepSpeed engine."""
 
     def __init__(self, engine: Any, rank: int, world: int) -> None:
         self.engine = engine
@@ -174,7 +174,7 @@ def _leave() -> None:
 
 
 class DeepSpeedTrainer:
-    """The ``deepspeed`` training backend (:class:`algorithms.trainers.Trainer`): rank 0 here, the other
+    """The ``deepspeed`` training backend (:class:`algorithms.training.trainers.Trainer`): rank 0 here, the other
     ranks started as subprocesses (their logs in ``log_dir/deepspeed-rank-N.log``)."""
 
     def __init__(
@@ -201,7 +201,7 @@ class DeepSpeedTrainer:
         for rank, log in enumerate(self.logs, start=1):
             env = os.environ | {"OMP_NUM_THREADS": threads, "LIGHTNING_STORE_DEEPSPEED_RANK": str(rank)}
             with log.open("wb") as out:
-                command = [sys.executable, "-m", "algorithms.deepspeed_trainer", json.dumps(worker)]
+                command = [sys.executable, "-m", "algorithms.training.deepspeed_trainer", json.dumps(worker)]
                 self.processes.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env))
         self._open = True
         self._idle = False  # until every rank has started

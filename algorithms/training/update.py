@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import torch
 
 from adapters import Transition
-from algorithms.optimization import LocalOptimization, Optimization
-from algorithms.pg_core import policy_loss, token_entropy_sum, value_loss
-from algorithms.policy import Forward, TokenBatch, TrainablePolicy, token_batch
+from algorithms.training.optimization import LocalOptimization, Optimization
+from algorithms.training.pg_core import policy_loss, token_entropy_sum, value_loss
+from algorithms.training.policy import Forward, TokenBatch, TrainablePolicy, token_batch
 
 NO_GRAD_BATCHES = 4
 """Micro-batches per forward pass when measuring (no gradients, so no stored activations)."""

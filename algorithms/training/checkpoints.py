@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from algorithms.trainers import Trainer
+    from algorithms.training.trainers import Trainer
 
 PREFIX = "step-"
 

@@ -9,10 +9,10 @@ import torch
 from pydantic import Field
 
 from adapters import Transition
-from algorithms import advantages as estimators
 from algorithms.base import AlgorithmConfig
-from algorithms.lightning_rl import Estimate, LightningRL, LightningRLConfig
-from algorithms.update import Rollouts
+from algorithms.rl import advantages as estimators
+from algorithms.rl.lightning_rl import Estimate, LightningRL, LightningRLConfig
+from algorithms.training.update import Rollouts
 
 
 def _broadcast(values: list[float], rollouts: Rollouts, keep: list[int]) -> torch.Tensor:

@@ -16,18 +16,19 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import Field
 
 from adapters import Transition, TransitionAdapter, credit_assignment
-from algorithms import checkpoints, collect, tensor_thread
+from algorithms import collect, tensor_thread
 from algorithms.base import Algorithm, AlgorithmConfig
-from algorithms.session import MetricsLog, TrainingSession
+from algorithms.session import DEFAULT_MAX_STEPS, MetricsLog, ServedPolicy, TrainingSession
+from algorithms.training import checkpoints
 from lightning_store import aio
 from lightning_store.models import RolloutConfig
 
 if TYPE_CHECKING:
     import torch
 
-    from algorithms.policy import TrainablePolicy
-    from algorithms.trainers import Trainer
-    from algorithms.update import Rollouts
+    from algorithms.training.policy import TrainablePolicy
+    from algorithms.training.trainers import Trainer
+    from algorithms.training.update import Rollouts
 
 
 @dataclass
@@ -98,9 +99,11 @@ class LightningRL(Algorithm):
         return TransitionAdapter(credit=credit_assignment(c.credit, **options), agents=c.agents, keep_others=anchored)
 
     async def train(self, session: TrainingSession) -> dict[str, Any]:
-        from algorithms.trainers import PolicySpec, open_trainer
+        from algorithms.training.trainers import PolicySpec, open_trainer
 
         c = self.config
+        if session.model_dir is None or session.policy is None:
+            raise ValueError(f"{self.name} trains a model: the session needs model_dir and policy")
         start, checkpoint = checkpoints.resume_point(session.output_dir, session.resume)
         spec = PolicySpec(session.model_dir, c.learning_rate, self.value_head, c.lora, checkpoint)
         trainer = await tensor_thread.run(
@@ -119,13 +122,14 @@ class LightningRL(Algorithm):
 
     async def _train(self, session: TrainingSession, trainer: Trainer, start: int, *, resumed: bool) -> dict[str, Any]:
         c = self.config
+        max_steps = DEFAULT_MAX_STEPS if session.max_steps is None else session.max_steps
         policy = trainer.policy
         if resumed:
             await tensor_thread.run(_serve, session, policy, start)
         store = session.store
         # The store's version of the policy resources is what the proxy stamps on each LLM call: staleness is
         # measured against it (it keeps counting across runs on the same store).
-        published = await store.update_resources(collect.POLICY_RESOURCES_ID, {"main_llm": session.policy.llm()})
+        published = await store.update_resources(collect.POLICY_RESOURCES_ID, {"main_llm": _served(session).llm()})
         log = await MetricsLog.start(store, self.name, c.model_dump())
         log.on_step = session.on_step
         sampler = collect.TaskSampler(session.train_tasks, c.tasks_per_step, seed=c.seed)
@@ -139,9 +143,9 @@ class LightningRL(Algorithm):
         if session.freeze_heap:
             aio.freeze_startup_heap()  # the policy, its reference and the served copy are loaded
         try:
-            if session.val_tasks and start < session.max_steps:
+            if session.val_tasks and start < max_steps:
                 await log.log(start, await self._evaluate(session, start, rollout_config))
-            for step in range(start, session.max_steps):
+            for step in range(start, max_steps):
                 session.on_phase(f"collecting step {step + 1}")
                 started = time.perf_counter()
                 wanted = c.tasks_per_step * c.group_size
@@ -170,7 +174,7 @@ class LightningRL(Algorithm):
                 updated = time.perf_counter()
                 await tensor_thread.run(_serve, session, policy, step + 1)
                 published = await store.update_resources(
-                    collect.POLICY_RESOURCES_ID, {"main_llm": session.policy.llm()}
+                    collect.POLICY_RESOURCES_ID, {"main_llm": _served(session).llm()}
                 )
                 finished = time.perf_counter()
                 rewards = list({t.rollout_id: t.final_reward for t in transitions}.values())
@@ -189,18 +193,18 @@ class LightningRL(Algorithm):
                     "step_seconds": finished - started,
                     "version": float(published.version),
                 }
-                last = step + 1 == session.max_steps
+                last = step + 1 == max_steps
                 if session.val_tasks and (last or (c.eval_every and (step + 1) % c.eval_every == 0)):
                     metrics |= await self._evaluate(session, step + 1, rollout_config)
                 await log.log(step + 1, metrics)
-                if (c.save_every and (step + 1) % c.save_every == 0) or step + 1 == session.max_steps:
+                if (c.save_every and (step + 1) % c.save_every == 0) or step + 1 == max_steps:
                     session.on_phase(f"saving step {step + 1}")
                     await tensor_thread.run(checkpoints.save, trainer, session.output_dir, step + 1, c.keep_checkpoints)
         except BaseException:
             await log.finish(succeeded=False)
             raise
         await log.finish(succeeded=True)
-        return {"steps": max(start, session.max_steps), "history": log.history}
+        return {"steps": max(start, max_steps), "history": log.history}
 
     async def _evaluate(self, session: TrainingSession, step: int, config: RolloutConfig) -> dict[str, float]:
         session.on_phase("evaluating")
@@ -209,7 +213,7 @@ class LightningRL(Algorithm):
         )
 
     def _step(self, trainer: Trainer, transitions: list[Any], others: list[Any]) -> dict[str, float]:
-        from algorithms.update import UpdateJob, UpdateSettings, anchor, measure
+        from algorithms.training.update import UpdateJob, UpdateSettings, anchor, measure
 
         policy = trainer.policy
 
@@ -246,7 +250,13 @@ class LightningRL(Algorithm):
 
 def _serve(session: TrainingSession, policy: TrainablePolicy, version: int) -> None:
     """Hands the policy's weights to the policy server (a copy of every tensor: on the tensor thread)."""
-    session.policy.load_state(policy.state_dict(), version)
+    _served(session).load_state(policy.state_dict(), version)
+
+
+def _served(session: TrainingSession) -> ServedPolicy:
+    if session.policy is None:
+        raise ValueError("LightningRL needs the session's policy server")
+    return session.policy
 
 
 def _std(values: list[float]) -> float:

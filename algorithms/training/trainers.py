@@ -1,5 +1,5 @@
 """Training backends: where a policy update runs. ``torch`` updates the policy in this process; ``deepspeed``
-spreads each update over several processes (:mod:`algorithms.deepspeed_trainer`). Either way the trainer's
+spreads each update over several processes (:mod:`algorithms.training.deepspeed_trainer`). Either way the trainer's
 ``policy`` is the one the algorithm measures the batch with and the policy server is loaded from.
 """
 
@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from lightning_store.settings import TrainerSettings
 
 if TYPE_CHECKING:
-    from algorithms.policy import TrainablePolicy
-    from algorithms.update import UpdateJob
+    from algorithms.training.policy import TrainablePolicy
+    from algorithms.training.update import UpdateJob
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class PolicySpec:
     checkpoint: Path | None = None
 
     def build(self, *, reference: bool) -> TrainablePolicy:
-        from algorithms.policy import TrainablePolicy
+        from algorithms.training.policy import TrainablePolicy
 
         return TrainablePolicy(
             self.model_dir,
@@ -46,7 +46,7 @@ class Trainer(Protocol):
     policy: TrainablePolicy
 
     def update(self, job: UpdateJob) -> dict[str, float]:
-        """Run one policy update (:func:`algorithms.update.update`); the batch's metrics."""
+        """Run one policy update (:func:`algorithms.training.update.update`); the batch's metrics."""
         ...
 
     def save(self, directory: Path) -> None:
@@ -87,7 +87,7 @@ def open_trainer(
 ) -> Trainer:
     """The backend ``settings.trainer`` names, started; ``log_dir`` receives the logs of extra processes."""
     if settings.trainer == "deepspeed":
-        from algorithms.deepspeed_trainer import DeepSpeedTrainer
+        from algorithms.training.deepspeed_trainer import DeepSpeedTrainer
 
         return DeepSpeedTrainer(
             spec,

@@ -1,6 +1,6 @@
 """How accumulated gradients become optimizer steps: in this process, or data-parallel over several ranks.
 
-:func:`algorithms.update.update` drives an :class:`Optimization`: it calls ``backward`` once per micro-batch
+:func:`algorithms.training.update.update` drives an :class:`Optimization`: it calls ``backward`` once per micro-batch
 and ``step`` once per mini-batch. With ``world`` ranks, each rank trains every ``world``-th transition of a
 mini-batch and the gradients are averaged over the ranks at ``step`` (DeepSpeed); the loss is scaled so that
 the average is the whole mini-batch's token mean.
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 if TYPE_CHECKING:
-    from algorithms.policy import TrainablePolicy
+    from algorithms.training.policy import TrainablePolicy
 
 
 class Optimization(Protocol):
