@@ -256,7 +256,7 @@ def train(
             history = aio.run(run)["history"]
         except ConfigurationError as error:  # found before any rollout: one line, as a bad option is
             stack.close()
-            Console(stderr=True).print(f"store train: {escape(str(error))}", markup=True, highlight=False)
+            typer.echo(f"store train: {error}", err=True)  # one line, however wide the terminal
             raise typer.Exit(code=2) from None
         progress.phase("stopping")
         stack.close()  # the policy server, the runners and the store stop, and the display ends, before the summary

@@ -181,10 +181,11 @@ def _http() -> DefaultHttpxClient:
         return _HTTP[1]
 
 
-def ask(llm: LLM, prompt: str) -> str:
-    """One chat call with ``prompt`` as the user message; the answer's text."""
+def ask(llm: LLM, prompt: str, **options: Any) -> str:
+    """One chat call with ``prompt`` as the user message (``options``: ``max_tokens``, ...); the answer's text."""
     client = OpenAI(base_url=llm.endpoint, api_key=llm.api_key or "none", max_retries=0, http_client=_http())
-    reply = client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": prompt}])
+    messages: Any = [{"role": "user", "content": prompt}]
+    reply = client.chat.completions.create(model=llm.model, messages=messages, **options)
     return reply.choices[0].message.content or ""
 
 
@@ -238,3 +239,23 @@ def flaky_classify(task: dict[str, Any], llm: LLM, prompt_template: PromptTempla
     if task.get("crash"):
         raise RuntimeError(f"{FLAKY_ERROR} on task {task['id']}")
     emit_reward(value, attributes={"feedback": feedback})
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A real model's task (SmolLM2): the reply's format depends on the instructions
+# --------------------------------------------------------------------------------------------------------------
+
+YES_NO_SEED = "{question}"
+"""SmolLM2-135M-Instruct answers most yes/no questions from this prompt with a sentence ("The answer to ...")."""
+
+
+@rollout
+def yes_no_format(task: dict[str, Any], llm: LLM, prompt_template: PromptTemplate) -> None:
+    """A yes/no question for a program that parses the reply: 1.0 when the reply's first word is ``yes`` or
+    ``no`` (whatever the fact), else 0.0, with the reply as feedback."""
+    reply = ask(llm, render(prompt_template, task), max_tokens=8, temperature=0.0)
+    words = reply.split()
+    first = words[0].strip(".,!?:;'\"").lower() if words else ""
+    value = 1.0 if first in ("yes", "no") else 0.0
+    verdict = "parses" if value else "does not start with yes or no"
+    emit_reward(value, attributes={"feedback": f"reply {reply[:80]!r} {verdict}"})

@@ -44,8 +44,9 @@ class APO(Algorithm):
         resumed = _read_marker(session.output_dir) if session.resume else None
         # A resumed run starts from the seed it started from, not from the store's latest resources, which the
         # interrupted run's candidates (or its published best) have become since.
-        snapshot, seed_templates = await seed_of(store, c, resumed["seed_resources_id"] if resumed else None)
-        publish_id = resumed["publish_resources_id"] if resumed else c.publish_resources_id or snapshot.resources_id
+        pinned = resumed.get("seed_resources_id") if resumed else None
+        snapshot, seed_templates = await seed_of(store, c, pinned)
+        publish_id = (resumed or {}).get("publish_resources_id") or c.publish_resources_id or snapshot.resources_id
         if not session.val_tasks:
             raise ConfigurationError("--val: APO scores candidates on validation tasks; give a --val file")
         check_budget(c, len(session.val_tasks))
@@ -60,7 +61,7 @@ class APO(Algorithm):
         except OptimizerError as error:
             raise ConfigurationError(f"--optimizer-url: {error}") from None
         budget = Budget(c.max_rollouts, c.max_optimizer_calls, c.max_optimizer_tokens)
-        log = await _run_log(store, session.output_dir, c, resumed, snapshot, publish_id)
+        log = await _run_log(store, session.output_dir, c, resumed, snapshot, publish_id, session.max_steps)
         log.on_step = session.on_step
         optimizer = Optimizer(settings, store, log.run.rollout_id, log.run.attempt.attempt_id, budget)
         try:
@@ -87,7 +88,7 @@ class APO(Algorithm):
             )
             session.on_phase("searching")
             strategy = pareto if c.search == "pareto" else beam
-            await strategy.search(run, c.rounds())
+            await strategy.search(run, session.max_steps or c.rounds())  # --steps, when given, caps the rounds
             session.on_phase("publishing")
             result = await _finish(run, session, publish_id)
         except BaseException:
@@ -106,6 +107,11 @@ async def seed_of(
     optimize, checked (:class:`ConfigurationError` names the option at fault)."""
     chosen = pinned or c.resources_id
     snapshot = await (store.get_resources_by_id(chosen) if chosen else store.get_latest_resources())
+    if snapshot is None and pinned:
+        raise ConfigurationError(
+            f"resources_id: the resumed run's seed snapshot {pinned!r} is not in this store (another --store?); "
+            "run with --no-resume or another --output to start a new run"
+        )
     if snapshot is None:
         where = f"no resources with id {c.resources_id!r}" if c.resources_id else "the store holds no resources"
         raise ConfigurationError(
@@ -157,6 +163,18 @@ def check_budget(c: ApoConfig, val_tasks: int) -> None:
         )
 
 
+def _check_same_options(started: object, c: ApoConfig, max_steps: int | None, output: Path) -> None:
+    """A resumed run replays its search, which is only the same search with the same options."""
+    before = started.get("config") if isinstance(started, dict) else None
+    now = json.loads(json.dumps(c.model_dump(mode="json") | {"max_steps": max_steps}))
+    if isinstance(before, dict) and before != now:
+        changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+        raise ConfigurationError(
+            f"--config: the run in {output} started with other options ({', '.join(changed)} changed); run it with "
+            "the same options to resume, or start a new run with --no-resume (what it evaluated is reused)"
+        )
+
+
 def _read_marker(output: Path) -> dict[str, str] | None:
     marker = output / RUN_FILE
     if not marker.exists():
@@ -172,20 +190,24 @@ async def _run_log(
     resumed: dict[str, str] | None,
     seed: ResourcesUpdate,
     publish_id: str,
+    max_steps: int | None,
 ) -> MetricsLog:
     """The run's rollout: the one ``output`` names when resuming, else a new one, whose id, seed and publishing
     target are written there (the seed as a content-addressed snapshot, so that it stays what it was)."""
     if resumed is not None:
         rollout = await store.get_rollout_by_id(resumed["run_id"])
         if isinstance(rollout, AttemptedRollout):
+            _check_same_options(rollout.input, c, max_steps, output)
             return MetricsLog(store, rollout)
     seed_id = resources_id_of(seed.resources)
     if await store.get_resources_by_id(seed_id) is None:
         await store.update_resources(seed_id, seed.resources)
-    log = await MetricsLog.start(store, APO.name, c.model_dump(mode="json"))
+    log = await MetricsLog.start(store, APO.name, c.model_dump(mode="json") | {"max_steps": max_steps})
     output.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - a few bytes, once per run
     marker = {"run_id": log.run.rollout_id, "seed_resources_id": seed_id, "publish_resources_id": publish_id}
-    (output / RUN_FILE).write_text(json.dumps(marker) + "\n")
+    written = output / f"{RUN_FILE}.new"
+    written.write_text(json.dumps(marker) + "\n")
+    written.replace(output / RUN_FILE)  # atomic: a kill leaves the old file or the new one, never half of one
     return log
 
 

@@ -36,15 +36,24 @@ async def search(run: ApoRun, rounds: int | None) -> None:
 async def _round(run: ApoRun, round_: int, beam: list[Candidate]) -> list[Candidate]:
     c = run.config
     children: list[Candidate] = []
+    spent: OptimizerBudgetSpent | None = None  # the children proposed before the calls ran out are still scored
     for parent in beam:
+        if spent is not None:
+            break
         batch = run.rng.sample(run.train, min(c.gradient_batch_size, len(run.train)))
         outcomes = await run.evaluator.evaluate(parent, batch, "train")
         for branch in range(c.branch_factor):
             sample = run.rng.sample(outcomes, min(c.reflection_rollouts, len(outcomes)))
             name = run.names[(round_ - 1 + branch) % len(run.names)]
-            child = await run.propose(round_, parent, name, sample)
+            try:
+                child = await run.propose(round_, parent, name, sample)
+            except OptimizerBudgetSpent as error:
+                spent = error
+                break
             if child is not None and all(x.resources_id != child.resources_id for x in [*beam, *children]):
                 children.append(child)
+    if not children and spent is not None:
+        raise spent
     contenders = [*beam, *children]
     minibatch = run.rng.sample(run.val, min(c.val_batch_size, len(run.val)))
     try:
@@ -75,4 +84,7 @@ async def _round(run: ApoRun, round_: int, beam: list[Candidate]) -> list[Candid
             await run.record(child, "rejected", reason, scores)
     if over is not None:
         raise over
+    if spent is not None:
+        await run.log_round(round_)  # the caller stops without logging this last, shortened round
+        raise spent
     return kept

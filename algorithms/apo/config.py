@@ -27,7 +27,7 @@ class ApoConfig(AlgorithmConfig):
     publish_resources_id: str | None = Field(
         None,
         description="The resources id whose next version the best candidate becomes, which makes it the "
-        "latest resources (default: resources_id, else 'apo').",
+        "latest resources (default: the seed snapshot's id).",
     )
     # Search -------------------------------------------------------------------------------------------------
     search: Literal["pareto", "beam"] = Field("pareto", description="Per-task Pareto frontier (GEPA) or beam (0.3).")
@@ -64,6 +64,9 @@ class ApoConfig(AlgorithmConfig):
     edit_prompt_file: Path | None = Field(None, description="Instructions of the rewrite call (Markdown).")
     reflection_rollouts: int = Field(4, ge=1, description="Rollouts shown to the critique, failures first.")
     trace_chars: int = Field(3000, ge=200, description="Characters of one rollout's trace shown to the critique.")
+    optimizer_max_tokens: int | None = Field(
+        None, ge=1, description="max_tokens of each optimizer call (None: the endpoint's default)."
+    )
     critique_temperature: float = Field(0.0, ge=0, description="Sampling temperature of the critique calls.")
     # Rollouts -----------------------------------------------------------------------------------------------
     rollout_timeout: float | None = Field(600.0, gt=0, description="Seconds an attempt may run.")

@@ -58,12 +58,13 @@ class TaskCycle:
 
     def draw(self, count: int) -> list[Task]:
         chosen: list[Task] = []
-        while len(chosen) < min(count, len(self.tasks)):
+        wanted = min(count, len({t.key for t in self.tasks}))  # identical tasks are one task
+        while len(chosen) < wanted:
             if not self._order:
                 self._order = list(range(len(self.tasks)))
                 self.rng.shuffle(self._order)
             index = self._order.pop()
-            if self.tasks[index] not in chosen:
+            if all(t.key != self.tasks[index].key for t in chosen):
                 chosen.append(self.tasks[index])
         return chosen
 
@@ -100,6 +101,7 @@ class ApoRun:
         self.pool: list[Candidate] = []
         """Candidates scored on the whole validation set."""
         self.lineage: dict[str, list[str]] = {}
+        self.tried_merges: set[str] = set()
         self._ordinal = 0
         self._started = time.monotonic()
         self._critique_system = instructions(config.critique_prompt_file, "critique.md")
@@ -161,12 +163,14 @@ class ApoRun:
             critique_messages(self._critique_system, name, template, others, rollouts),
             temperature=self.config.critique_temperature,
             model=self.config.gradient_model,
+            max_tokens=self.config.optimizer_max_tokens,
         )
         rewrite = await self.optimizer.complete(
             "edit",
             edit_messages(self._edit_system, name, template, others, critique.text),
             temperature=self.config.diversity_temperature,
             model=self.config.apply_edit_model,
+            max_tokens=self.config.optimizer_max_tokens,
         )
         self.counters.proposed += 1
         text = parse_rewrite(rewrite.text)

@@ -20,7 +20,7 @@ from algorithms.apo.budget import Budget
 from algorithms.apo.candidates import Candidate
 from algorithms.collect import task_id
 from lightning_store.contract import LightningStore
-from lightning_store.models import AttemptedRollout, EnqueueRolloutRequest, Rollout, RolloutConfig
+from lightning_store.models import AttemptedRollout, AttemptEnd, EnqueueRolloutRequest, Rollout, RolloutConfig
 from lightning_store.transcript import attempt_error, last_reward
 
 Split = Literal["train", "val", "test"]
@@ -146,12 +146,27 @@ class Evaluator:
         while pending:
             left = min(WAIT_SLICE_SECONDS, deadline - loop.time())
             if left <= 0:
-                for rollout_id in pending:
-                    await self.store.update_rollout(rollout_id, status="cancelled")
+                await self._stop(pending)
                 break
             done = {r.rollout_id for r in await self.store.wait_for_rollouts(rollout_ids=pending, timeout=left)}
             pending = [i for i in pending if i not in done]
         return {r.rollout_id: r for r in (await self.store.query_rollouts(rollout_id_in=sorted(set(ids)))).items}
+
+    async def _stop(self, rollout_ids: list[str]) -> None:
+        """End this run's unfinished rollouts at the batch timeout, for good: a running attempt ends ``timeout``
+        (not retried; its runner's own end is then refused), a queued rollout is cancelled. Another run's
+        rollouts are left alone (they score 0 here, unfinished)."""
+        found = (await self.store.query_rollouts(rollout_id_in=rollout_ids)).items
+        for rollout in found:
+            if (rollout.metadata or {}).get("apo_run") != self.run_id or rollout.status in TERMINAL:
+                continue
+            if isinstance(rollout, AttemptedRollout) and rollout.status in ("preparing", "running"):
+                ending = AttemptEnd(
+                    rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id, status="timeout"
+                )
+                await self.store.end_attempts([ending])
+            else:
+                await self.store.update_rollout(rollout.rollout_id, status="cancelled")
 
     async def _outcomes(self, tasks: Sequence[Task], ids: list[str], rollouts: dict[str, Rollout]) -> list[Outcome]:
         attempted = {i: r for i, r in rollouts.items() if isinstance(r, AttemptedRollout)}
@@ -182,8 +197,8 @@ class Evaluator:
 def _why(rollout: Rollout | None, spans: list[Any], timeout: float) -> str:
     if rollout is None:
         return "the rollout is missing from the store"
-    if rollout.status == "cancelled":
-        return f"cancelled: not finished within rollout_batch_timeout ({timeout:g} s)"
+    if rollout.status == "cancelled" or (isinstance(rollout, AttemptedRollout) and rollout.attempt.status == "timeout"):
+        return f"stopped: not finished within rollout_batch_timeout ({timeout:g} s) or the rollout's timeout"
     if isinstance(rollout, AttemptedRollout):
         return attempt_error(rollout.attempt, spans) or f"rollout {rollout.status}"
     return f"rollout {rollout.status}"

@@ -10,6 +10,7 @@ each call once; a run that takes another path (a changed config) makes new calls
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import time
@@ -23,6 +24,9 @@ from lightning_store.contract import LightningStore
 from lightning_store.limits import storable
 from lightning_store.llm_calls import LlmCall
 from lightning_store.settings import OptimizerSettings
+
+RETRY_PAUSES = (1.0, 4.0, 16.0)
+RETRIED_STATUSES = (429, 500, 502, 503, 504)
 
 
 class OptimizerError(RuntimeError):
@@ -82,11 +86,19 @@ class Optimizer:
         await self._client.aclose()
 
     async def complete(
-        self, purpose: str, messages: list[dict[str, str]], *, temperature: float, model: str | None = None
+        self,
+        purpose: str,
+        messages: list[dict[str, str]],
+        *,
+        temperature: float,
+        model: str | None = None,
+        max_tokens: int | None = None,
     ) -> Reply:
         """One call (``purpose``: ``critique`` or ``edit``). Raises :class:`OptimizerBudgetSpent` before calling
         when the budget has no call left."""
-        request = {"model": model or self.model, "messages": messages, "temperature": temperature}
+        request: dict[str, Any] = {"model": model or self.model, "messages": messages, "temperature": temperature}
+        if max_tokens is not None:
+            request["max_tokens"] = max_tokens
         key = hashlib.sha256(f"{self._ordinal}:{json.dumps(request, sort_keys=True)}".encode()).hexdigest()[:16]
         if not self.budget.affords_calls(1):
             raise OptimizerBudgetSpent()
@@ -120,10 +132,20 @@ class Optimizer:
         return Reply(_text(response), tokens)
 
     async def _post(self, request: dict[str, Any]) -> dict[str, Any]:
-        try:
-            answer = await self._client.post("/chat/completions", json=request)
-        except httpx.HTTPError as error:
-            raise OptimizerError(f"optimizer call to {self.settings.optimizer_url} failed: {error}") from None
+        """The endpoint's answer; a connection error, 429 or 5xx is tried again after 1, 4 and 16 s (a hosted API's
+        passing trouble should not end a run), anything else fails at once."""
+        for pause in (*RETRY_PAUSES, None):
+            try:
+                answer = await self._client.post("/chat/completions", json=request)
+            except httpx.HTTPError as error:
+                if pause is None:
+                    raise OptimizerError(f"optimizer call to {self.settings.optimizer_url} failed: {error}") from None
+                await asyncio.sleep(pause)
+                continue
+            if answer.status_code in RETRIED_STATUSES and pause is not None:
+                await asyncio.sleep(pause)
+                continue
+            break
         if answer.status_code >= 400:
             raise OptimizerError(f"optimizer answered {answer.status_code}: {answer.text[:500]}")
         try:

@@ -22,12 +22,15 @@ async def search(run: ApoRun, rounds: int | None) -> None:
     round_ = 0
     while rounds is None or round_ < rounds:
         round_ += 1
+        proposed_before = run.counters.proposed
         try:
             if run.config.merge and round_ % run.config.merge_every == 0 and await _merge(run, round_):
                 await run.log_round(round_)
                 continue
             outcome = await _reflect(run, round_)
         except (OverBudget, OptimizerBudgetSpent):
+            if run.counters.proposed > proposed_before:  # the round proposed before the budget ended it
+                await run.log_round(round_)
             break
         if outcome == "solved":
             solved_streak += 1
@@ -70,6 +73,7 @@ async def _accept_or_reject(run: ApoRun, child: Candidate, minibatch: list[Task]
     try:
         await run.validate([child])
     except OverBudget:
+        run.counters.rejected += 1  # not accepted: it never reached the pool
         await run.record(child, "unevaluated", "the rollout budget ran out before its full validation", scores)
         raise
     run.counters.accepted += 1
@@ -87,8 +91,9 @@ async def _merge(run: ApoRun, round_: int) -> bool:
         for name in run.names
     }
     child = run.new_candidate(round_, templates, "merge", [first, second])
-    if any(c.resources_id == child.resources_id for c in run.pool):
-        return False
+    if child.resources_id in run.tried_merges or any(c.resources_id == child.resources_id for c in run.pool):
+        return False  # each merge is tried once (GEPA keeps the same record), so merge rounds cannot loop
+    run.tried_merges.add(child.resources_id)
     run.counters.proposed += 1
     minibatch = run.cycle.draw(run.config.minibatch_size)
     first_out, second_out = await run.evaluator.evaluate_many([(first, minibatch), (second, minibatch)], "train")

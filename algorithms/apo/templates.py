@@ -82,8 +82,13 @@ def check_rewrite(parent: PromptTemplate, text: str) -> Verdict:
         problems.append("adds " + ", ".join(_shown(n, parent) for n in added))
     if problems:
         return Verdict(False, "; ".join(problems))
+    sample: dict[str, object] = {name: f"<{name}>" for name in got}
     try:
-        render(child, {name: f"<{name}>" for name in got})
+        render(parent, sample)
+    except TemplateError:
+        return Verdict(True)  # the parent needs richer values than a sample string ({x.attr}, {n:.2f}): not checkable
+    try:
+        render(child, sample)
     except TemplateError as error:
         return Verdict(False, str(error))
     return Verdict(True)

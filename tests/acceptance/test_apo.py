@@ -35,10 +35,13 @@ INVALID = agents.INVALID_REWRITES[0]
 
 
 @contextlib.contextmanager
-def stack(tmp_path: Path, app: Any, templates: Mapping[str, str], engine: str = "f-string") -> Iterator[dict[str, Any]]:
-    """A store server seeded with the rule model as the agents' LLM and ``templates``, and the stand-in."""
+def stack(
+    tmp_path: Path, app: Any, templates: Mapping[str, str], engine: str = "f-string", agent_llm: LLM | None = None
+) -> Iterator[dict[str, Any]]:
+    """A store server seeded with ``templates`` and the agents' LLM (default: the stand-in's rule model), and the
+    stand-in (the optimizer)."""
     with serve_scripted(app) as llm_url, embedded_store(tmp_path / "store") as store_url:
-        resources: dict[str, Any] = {"main_llm": LLM(endpoint=f"{llm_url}/v1", model=RULE_MODEL)}
+        resources: dict[str, Any] = {"main_llm": agent_llm or LLM(endpoint=f"{llm_url}/v1", model=RULE_MODEL)}
         for name, text in templates.items():
             resources[name] = PromptTemplate(template=text, engine=engine)
         asyncio.run(_seed(store_url, resources))

@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
+
+from tests.doc_scripts import run_commands
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -57,25 +57,6 @@ def page_files() -> dict[str, str]:
     return files
 
 
-def script(commands: list[str], marker: str) -> str:
-    """One bash script: each command, its output between markers (so each command's output can be told apart),
-    and, after a server started in the background, the wait the reader does for it."""
-    lines = ["set -euo pipefail", "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT"]
-    for number, command in enumerate(commands):
-        lines.append(f"echo '{marker} {number}'; echo '{marker} {number}' >&2")
-        lines.append(command)
-        for start, wait in READY.items():
-            if command.startswith(start) and command.rstrip().endswith("&"):
-                lines.append(wait)
-    return "\n".join(lines) + "\n"
-
-
-def outputs(text: str, marker: str, count: int) -> list[str]:
-    parts = re.split(rf"^{marker} (\d+)\n", text, flags=re.MULTILINE)
-    found = {int(parts[i]): parts[i + 1] for i in range(1, len(parts) - 1, 2)}
-    return [found.get(i, "") for i in range(count)]
-
-
 def test_the_page_runs_as_written_and_shows_what_it_says(tmp_path: Path) -> None:
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     for name, source in page_files().items():
@@ -83,16 +64,10 @@ def test_the_page_runs_as_written_and_shows_what_it_says(tmp_path: Path) -> None
     assert "my_agent.py" in page_files()
     commands = page_commands()
     assert [c.split()[:2] for c in commands[:2]] == [["store", "serve"], ["python", "-m"]], commands
-    marker = f"#### command-{uuid.uuid4().hex}"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     for name in ("LIGHTNING_STORE_DATABASE_URL", "LIGHTNING_STORE_URL", "LIGHTNING_STORE_TOKEN"):
         env.pop(name, None)
-    run = subprocess.run(
-        ["bash", "-c", script(commands, marker)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=840
-    )
-    log = f"{run.stdout[-4000:]}\n{run.stderr[-4000:]}"
-    assert run.returncode == 0, log
-    out = dict(zip(commands, outputs(run.stdout, marker, len(commands)), strict=True))
+    out = dict(zip(commands, run_commands(commands, READY, cwd=tmp_path, env=env, timeout=840), strict=True))
 
     def said(prefix: str) -> str:
         return next(text for command, text in out.items() if command.startswith(prefix))

@@ -1,0 +1,49 @@
+"""Running a docs page's shell commands as written, in one bash script, and telling their outputs apart: shared
+by the tests of executable how-tos."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+
+def script(commands: list[str], marker: str, ready: Mapping[str, str]) -> str:
+    """One bash script: each command, its output between markers (so each command's output can be told apart),
+    and, after a command that starts a server in the background (one of ``ready``'s prefixes, ending in ``&``),
+    ``ready``'s wait, the wait a reader does for it."""
+    lines = ["set -euo pipefail", "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT"]
+    for number, command in enumerate(commands):
+        lines.append(f"echo '{marker} {number}'; echo '{marker} {number}' >&2")
+        lines.append(command)
+        for start, wait in ready.items():
+            if command.startswith(start) and command.rstrip().endswith("&"):
+                lines.append(wait)
+    return "\n".join(lines) + "\n"
+
+
+def outputs(text: str, marker: str, count: int) -> list[str]:
+    """The output of each of ``count`` commands, split at the markers :func:`script` printed."""
+    parts = re.split(rf"^{marker} (\d+)\n", text, flags=re.MULTILINE)
+    found = {int(parts[i]): parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+    return [found.get(i, "") for i in range(count)]
+
+
+def run_commands(
+    commands: list[str], ready: Mapping[str, str], *, cwd: Path, env: Mapping[str, str], timeout: float
+) -> list[str]:
+    """Run ``commands`` as one bash script (:func:`script`) and return each one's output; the script must succeed
+    (the assertion shows the tail of its output)."""
+    marker = f"#### command-{uuid.uuid4().hex}"
+    run = subprocess.run(
+        ["bash", "-c", script(commands, marker, ready)],
+        cwd=cwd,
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert run.returncode == 0, f"{run.stdout[-4000:]}\n{run.stderr[-4000:]}"
+    return outputs(run.stdout, marker, len(commands))
