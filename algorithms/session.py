@@ -57,6 +57,13 @@ class MetricsLog:
     async def log(self, step: int, metrics: Mapping[str, float]) -> None:
         values = {k: float(v) for k, v in metrics.items()}
         self.history.append({"step": float(step), **values})
+        attributes = {"step": step, **{f"metric.{k}": v for k, v in values.items()}}
+        await self.add_span(STEP_SPAN, f"{step:016x}", attributes)
+        self.on_step(step, values)
+
+    async def add_span(self, name: str, span_id: str, attributes: Mapping[str, Any]) -> None:
+        """A span of the run's rollout. Its id is the caller's, so that writing it again (a resumed run) is an
+        ignored duplicate."""
         sequence = await self.store.get_next_span_sequence_id(self.run.rollout_id, self.run.attempt.attempt_id)
         now = time.time()
         await self.store.add_span(
@@ -65,14 +72,13 @@ class MetricsLog:
                 attempt_id=self.run.attempt.attempt_id,
                 sequence_id=sequence,
                 trace_id=self.run.rollout_id.encode().hex()[:32].ljust(32, "0"),
-                span_id=f"{step:016x}",
-                name=STEP_SPAN,
+                span_id=span_id,
+                name=name,
                 start_time=now,
                 end_time=now,
-                attributes={"step": step, **{f"metric.{k}": v for k, v in values.items()}},
+                attributes=dict(attributes),
             )
         )
-        self.on_step(step, values)
 
     async def finish(self, *, succeeded: bool) -> None:
         status: AttemptStatus = "succeeded" if succeeded else "failed"

@@ -32,7 +32,6 @@ from algorithms.apo.templates import check_rewrite
 from algorithms.session import MetricsLog
 from lightning_store.contract import LightningStore
 from lightning_store.resources import NamedResources, PromptTemplate
-from lightning_store.spans import Span
 
 CANDIDATE_SPAN = "lightning_store.apo.candidate"
 RESULT_SPAN = "lightning_store.apo.result"
@@ -218,22 +217,7 @@ class ApoRun:
         await self.span(CANDIDATE_SPAN, f"{_CANDIDATE_SPAN_BASE + candidate.ordinal:016x}", attributes)
 
     async def span(self, name: str, span_id: str, attributes: dict[str, Any]) -> None:
-        run = self.log.run
-        sequence = await self.store.get_next_span_sequence_id(run.rollout_id, run.attempt.attempt_id)
-        now = time.time()
-        await self.store.add_span(
-            Span(
-                rollout_id=run.rollout_id,
-                attempt_id=run.attempt.attempt_id,
-                sequence_id=sequence,
-                trace_id=run.rollout_id.encode().hex()[:32].ljust(32, "0"),
-                span_id=span_id,
-                name=name,
-                start_time=now,
-                end_time=now,
-                attributes=attributes,
-            )
-        )
+        await self.log.add_span(name, span_id, attributes)
 
     async def log_round(self, round_: int) -> dict[str, float]:
         leader = self.best()
