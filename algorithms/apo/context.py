@@ -19,7 +19,7 @@ from algorithms.apo.budget import Budget
 from algorithms.apo.candidates import Candidate, Status, best, pareto_weights, with_templates
 from algorithms.apo.config import ApoConfig
 from algorithms.apo.evaluation import Evaluator, Outcome, Task
-from algorithms.apo.optimizer import Optimizer
+from algorithms.apo.optimizer import Optimizer, OptimizerBudgetSpent
 from algorithms.apo.reflection import (
     critique_messages,
     edit_messages,
@@ -150,8 +150,6 @@ class ApoRun:
         rewrite is recorded (status ``invalid``) and None returned; no rollout runs for it.
         ``OptimizerBudgetSpent`` propagates when fewer than two calls are left."""
         if not self.budget.affords_calls(2):
-            from algorithms.apo.optimizer import OptimizerBudgetSpent
-
             raise OptimizerBudgetSpent()
         template = parent.templates[name]
         others = [n for n in self.names if n != name]

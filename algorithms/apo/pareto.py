@@ -6,7 +6,7 @@ frontier candidates that improved different templates of a common ancestor (no o
 
 from __future__ import annotations
 
-from algorithms.apo.candidates import Candidate, merge_pair
+from algorithms.apo.candidates import Candidate, merge_pair, select_pareto
 from algorithms.apo.context import ApoRun, mean
 from algorithms.apo.evaluation import OverBudget, Task
 from algorithms.apo.optimizer import OptimizerBudgetSpent
@@ -43,8 +43,6 @@ async def search(run: ApoRun, rounds: int | None) -> None:
 
 
 async def _reflect(run: ApoRun, round_: int) -> str:
-    from algorithms.apo.candidates import select_pareto
-
     parent = select_pareto(run.pool, run.rng)
     name = run.names[(round_ - 1) % len(run.names)]
     minibatch = run.cycle.draw(run.config.minibatch_size)

@@ -9,6 +9,7 @@ instructions (the system messages) are Markdown files a user can replace (``crit
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Sequence
@@ -41,14 +42,14 @@ def order_for_reflection(outcomes: Sequence[Outcome], count: int) -> list[Outcom
 
 async def report(store: LightningStore, outcomes: Sequence[Outcome], trace_chars: int) -> str:
     """The rollouts as Markdown, one section each, each trace cut to ``trace_chars`` characters."""
+    traces = await asyncio.gather(*(_trace(store, o.rollout_id) for o in outcomes))  # one wait, not one each
     sections = []
-    for number, outcome in enumerate(outcomes, start=1):
+    for number, (outcome, trace) in enumerate(zip(outcomes, traces, strict=True), start=1):
         verdict = "FAILED" if outcome.status != "succeeded" else ("OK" if outcome.score >= 1 else "LOW SCORE")
         lines = [f"### Rollout {number}: {verdict} (score {outcome.score:g}, status {outcome.status})"]
         lines.append("Task: " + _clip(json.dumps(outcome.task.input, ensure_ascii=False, default=str), 600))
         if outcome.error:
             lines.append("Error: " + _clip(outcome.error, 600))
-        trace = await _trace(store, outcome.rollout_id)
         lines.append(_clip(trace, trace_chars) if trace else "(no trace recorded)")
         sections.append("\n".join(lines))
     return "\n\n".join(sections)
@@ -59,7 +60,7 @@ async def _trace(store: LightningStore, rollout_id: str) -> str:
     if not spans:
         return ""
     attempt_id = spans[0].attempt_id
-    calls = [c for c in await store.query_llm_calls([rollout_id], attempt_id=attempt_id)]
+    calls = await store.query_llm_calls([rollout_id], attempt_id=attempt_id)
     lines = []
     for event in build_transcript(spans, calls, full=True):
         kind = event["event"]
