@@ -1,9 +1,10 @@
 """Collecting rollouts for a training step: enqueue ``tasks × G`` rollouts and wait for them (push, not poll),
 or, in asynchronous mode, keep the queue topped up and take whatever has finished.
 
-Each rollout carries ``metadata.task_id`` (GRPO groups by it) and the training step that enqueued it. The
-policy's resources live under one id (:data:`POLICY_RESOURCES_ID`) whose version the trainer bumps after each
-update; the proxy records the version that was current for every LLM call, which is how staleness is measured.
+Each rollout carries ``metadata.task_id`` (GRPO groups by it), the training step that enqueued it and the
+training run's rollout (``training_run_id``). The policy's resources live under one id
+(:data:`POLICY_RESOURCES_ID`) whose version the trainer bumps after each update; the proxy records the version
+that was current for every LLM call, which is how staleness is measured.
 """
 
 from __future__ import annotations
@@ -63,15 +64,18 @@ async def enqueue_groups(
     step: int,
     config: RolloutConfig,
     mode: RolloutMode = "train",
+    run_id: str | None = None,
 ) -> list[str]:
-    """Enqueue ``group_size`` rollouts per task in one transaction; their ids, in order."""
+    """Enqueue ``group_size`` rollouts per task in one transaction; their ids, in order. ``run_id``: the training
+    run's rollout, recorded as ``metadata.training_run_id`` (``store export --run`` selects by it)."""
+    run = {} if run_id is None else {"training_run_id": run_id}
     requests = [
         EnqueueRolloutRequest(
             input=task,
             mode=mode,
             resources_id=POLICY_RESOURCES_ID,
             config=config,
-            metadata={"task_id": tid, "step": step},
+            metadata={"task_id": tid, "step": step, **run},
         )
         for tid, task in tasks
         for _ in range(group_size)
@@ -105,14 +109,20 @@ async def take_finished(store: LightningStore, in_flight: list[str], wanted: int
 
 
 async def evaluate(
-    store: LightningStore, tasks: Sequence[Any], repeats: int, *, step: int, config: RolloutConfig
+    store: LightningStore,
+    tasks: Sequence[Any],
+    repeats: int,
+    *,
+    step: int,
+    config: RolloutConfig,
+    run_id: str | None = None,
 ) -> dict[str, float]:
     """Run every task ``repeats`` times (mode ``val``) with the current policy; the mean reward (a rollout
     that failed or emitted no reward counts 0) and how many rollouts it is over."""
     from adapters import read_episodes
 
     chosen = [(task_id(task, i), task) for i, task in enumerate(tasks)]
-    ids = await enqueue_groups(store, chosen, repeats, step=step, config=config, mode="val")
+    ids = await enqueue_groups(store, chosen, repeats, step=step, config=config, mode="val", run_id=run_id)
     await wait_all(store, ids)
     batch = await read_episodes(store, ids)
     rewards = [e.reward or 0.0 for e in batch.episodes]

@@ -20,6 +20,8 @@ from rich.table import Table
 
 from lightning_store.cli_common import database_failure, fail
 from lightning_store.cli_enqueue import enqueue
+from lightning_store.cli_export import export
+from lightning_store.cli_prune import prune
 from lightning_store.cli_resources import resources
 from lightning_store.cli_rollouts import rollouts
 from lightning_store.settings import load_settings
@@ -29,6 +31,8 @@ console = Console()
 logger = logging.getLogger(__name__)
 # The workflow commands, through the store contract (server or database): see lightning_store/cli_common.py.
 app.command()(enqueue)
+app.command()(prune)
+app.command()(export)
 app.add_typer(resources, name="resources")
 app.add_typer(rollouts, name="rollouts")
 

@@ -132,6 +132,7 @@ class LightningRL(Algorithm):
         published = await store.update_resources(collect.POLICY_RESOURCES_ID, {"main_llm": _served(session).llm()})
         log = await MetricsLog.start(store, self.name, c.model_dump())
         log.on_step = session.on_step
+        run_id = log.run.rollout_id  # every rollout the run enqueues names it (metadata.training_run_id)
         sampler = collect.TaskSampler(session.train_tasks, c.tasks_per_step, seed=c.seed)
         for _ in range(start):
             sampler.draw()  # a resumed run continues with the tasks it would have drawn
@@ -144,7 +145,7 @@ class LightningRL(Algorithm):
             aio.freeze_startup_heap()  # the policy, its reference and the served copy are loaded
         try:
             if session.val_tasks and start < max_steps:
-                await log.log(start, await self._evaluate(session, start, rollout_config))
+                await log.log(start, await self._evaluate(session, start, rollout_config, run_id))
             for step in range(start, max_steps):
                 session.on_phase(f"collecting step {step + 1}")
                 started = time.perf_counter()
@@ -152,12 +153,12 @@ class LightningRL(Algorithm):
                 if c.asynchronous:
                     while len(in_flight) < 2 * wanted:  # one batch running, one queued behind it
                         in_flight += await collect.enqueue_groups(
-                            store, sampler.draw(), c.group_size, step=step, config=rollout_config
+                            store, sampler.draw(), c.group_size, step=step, config=rollout_config, run_id=run_id
                         )
                     ids = await collect.take_finished(store, in_flight, wanted)
                 else:
                     ids = await collect.enqueue_groups(
-                        store, sampler.draw(), c.group_size, step=step, config=rollout_config
+                        store, sampler.draw(), c.group_size, step=step, config=rollout_config, run_id=run_id
                     )
                     await collect.wait_all(store, ids)
                 collected = time.perf_counter()
@@ -195,7 +196,7 @@ class LightningRL(Algorithm):
                 }
                 last = step + 1 == max_steps
                 if session.val_tasks and (last or (c.eval_every and (step + 1) % c.eval_every == 0)):
-                    metrics |= await self._evaluate(session, step + 1, rollout_config)
+                    metrics |= await self._evaluate(session, step + 1, rollout_config, run_id)
                 await log.log(step + 1, metrics)
                 if (c.save_every and (step + 1) % c.save_every == 0) or step + 1 == max_steps:
                     session.on_phase(f"saving step {step + 1}")
@@ -206,10 +207,12 @@ class LightningRL(Algorithm):
         await log.finish(succeeded=True)
         return {"steps": max(start, max_steps), "history": log.history}
 
-    async def _evaluate(self, session: TrainingSession, step: int, config: RolloutConfig) -> dict[str, float]:
+    async def _evaluate(
+        self, session: TrainingSession, step: int, config: RolloutConfig, run_id: str
+    ) -> dict[str, float]:
         session.on_phase("evaluating")
         return await collect.evaluate(
-            session.store, session.val_tasks, self.config.eval_repeats, step=step, config=config
+            session.store, session.val_tasks, self.config.eval_repeats, step=step, config=config, run_id=run_id
         )
 
     def _step(self, trainer: Trainer, transitions: list[Any], others: list[Any]) -> dict[str, float]:

@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lightning_store import aio
 from lightning_store.contract import LightningStore
+from lightning_store.dashboard import routes as dashboard
 from lightning_store.errors import (
     ConflictError,
     DatabaseUnavailableError,
@@ -75,10 +76,12 @@ def create_app(settings: ServerSettings, store: LightningStore | None = None, *,
     # CDN: the API page works on a machine with no internet.
     app = FastAPIOffline(title="lightning-store", version="0.1.0", lifespan=lifespan)
     app.state.max_body = settings.max_body_bytes
+    app.state.token = settings.token
     app.state.long_polls = LongPolls()
     app.state.llm_fallback = proxy.fallback_llm(settings)
     for router in (routes_store.router, routes_rollouts.router, otlp.router, proxy.router):
         app.include_router(router)
+    dashboard.install(app)
     _add_error_handlers(app)
     openapi.install_openapi(app, bearer_token=settings.token is not None)
     # The guards come first: /metrics needs the token too, and refused requests never reach the app.

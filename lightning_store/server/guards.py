@@ -9,6 +9,9 @@ import json
 import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+from urllib.parse import quote
+
+from lightning_store.dashboard import auth as dashboard_auth
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -66,7 +69,15 @@ class Guards:
         if self.token is not None and path not in OPEN_PATHS:
             given = _header(scope, b"authorization") or ""
             scheme, _, credentials = given.partition(" ")
-            if scheme.lower() != "bearer" or not secrets.compare_digest(credentials.encode(), self.token.encode()):
+            bearer = scheme.lower() == "bearer" and secrets.compare_digest(credentials.encode(), self.token.encode())
+            if not bearer and dashboard_auth.is_dashboard(path):
+                # The dashboard's pages also take the session cookie its login sets (see dashboard/auth.py).
+                if not (
+                    dashboard_auth.is_open(path) or dashboard_auth.cookie_matches(_header(scope, b"cookie"), self.token)
+                ):
+                    await self._to_login(scope, send)
+                    return
+            elif not bearer:
                 await _reply(
                     send,
                     401,
@@ -103,6 +114,22 @@ class Guards:
             )
             return
         await self.app(scope, receive if streamed is None else _replay(streamed, receive), send)
+
+    async def _to_login(self, scope: Scope, send: Send) -> None:
+        """A page load without the token goes to the login page (which comes back here); anything else is a 401."""
+        if scope["method"] not in ("GET", "HEAD"):
+            await _reply(send, 401, "missing or wrong token", "Unauthorized")
+            return
+        here = scope["path"] + (f"?{scope['query_string'].decode('latin-1')}" if scope.get("query_string") else "")
+        location = f"{dashboard_auth.LOGIN_PATH}?next={quote(here, safe='')}"
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 303,
+                "headers": [(b"location", location.encode("latin-1")), (b"content-length", b"0")],
+            }
+        )
+        await send({"type": "http.response.body", "body": b""})
 
     async def _read_limited(self, receive: Receive) -> bytes | None:
         chunks: list[bytes] = []

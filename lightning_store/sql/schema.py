@@ -105,6 +105,11 @@ spans = sa.Table(
     sa.UniqueConstraint("rollout_id", "attempt_id", "span_id"),
     sa.Index("ix_spans_rollout_id_sequence_id", "rollout_id", "sequence_id"),
     sa.Index("ix_spans_name", "name"),
+    # The foreign key's column: deleting an attempt finds the spans it cascades to by it (revision 0004).
+    sa.Index("ix_spans_attempt_id", "attempt_id"),
+    # Partial: the reward spans only, on rewards_v's reward expression (revision 0005, which also adds
+    # ix_spans_reward, an expression index that this metadata does not describe).
+    sa.Index("ix_spans_reward_attempt", "rollout_id", "attempt_id", "sequence_id"),
 )
 
 resources = sa.Table(
@@ -162,4 +167,8 @@ llm_calls = sa.Table(
     sa.Column("latency_seconds", Seconds, nullable=True),
     sa.UniqueConstraint("rollout_id", "attempt_id", "span_id"),
     sa.Index("ix_llm_calls_rollout_id_sequence_id", "rollout_id", "sequence_id"),
+    sa.Index("ix_llm_calls_attempt_id", "attempt_id"),
+    # The dashboard's filter on resources version (revision 0005; also ix_spans_reward, an expression index
+    # on spans that this metadata does not describe: see that revision).
+    sa.Index("ix_llm_calls_resources_version", "resources_version", "rollout_id"),
 )

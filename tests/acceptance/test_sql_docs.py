@@ -32,6 +32,7 @@ from examples.flight.model import TRAIN_TASKS, VAL_TASKS, build_tool_namer
 from lightning_store.sql.engine import make_engine
 from lightning_store.sql.schema import metadata
 from tests.acceptance.test_train_cli import store_train
+from tests.export_store import read_jsonl, run_export
 from tests.postgres import TemplateDatabases
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -288,3 +289,23 @@ def test_failures_carry_their_error_message(trained: Trained) -> None:
         == {"task_id": "broken", "mode": "val", "num_attempts": 2, "resources_version": None, "status_message": ERROR}
         for row in failed
     ), failed
+
+
+def test_every_rollout_store_train_enqueued_names_its_run_and_store_export_finds_them(
+    trained: Trained, tmp_path: Path
+) -> None:
+    steps = trained.rows("SELECT DISTINCT run_id, training_rollout_id FROM training_steps_v")
+    (run_id,) = {row["run_id"] for row in steps}
+    training = {row["training_rollout_id"] for row in steps}
+    assert run_id in training and len(training) == 2  # the first `store train` and the one that resumed it
+    rollouts = trained.rows("SELECT rollout_id, mode, metadata FROM rollouts_v")
+    enqueued = [json.loads(row["metadata"]) for row in rollouts if row["mode"] is not None]
+    assert len(enqueued) == len(rollouts) - 2
+    # metadata.training_run_id: the training-run rollout of the `store train` that enqueued it (docs/reference/sql.md).
+    assert {meta["training_run_id"] for meta in enqueued} == training
+
+    result = run_export(trained.sqlite_url, tmp_path / "out", "--run", run_id, "--format", "jsonl")
+    assert result.returncode == 0, result.stderr
+    exported = read_jsonl(tmp_path / "out" / "rollouts.jsonl")
+    assert {row["rollout_id"] for row in exported} == {row["rollout_id"] for row in rollouts}  # all of this run's
+    assert len(read_jsonl(tmp_path / "out" / "training_steps.jsonl")) == 3

@@ -4,6 +4,7 @@ read-only views that compute what their column names say. Every check runs on SQ
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ VIEWS = {
     "apo_runs_v",
 }
 APO_VIEWS = {"prompt_candidates_v", "apo_runs_v"}
+EXPRESSION_INDEX = "ix_spans_reward"
 BACKENDS = [pytest.param("sqlite", id="sqlite"), pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)]
 
 
@@ -174,11 +176,20 @@ async def test_models_match_the_migrated_schema(empty_engine: AsyncEngine) -> No
     await migrate.upgrade(empty_engine)
 
     def compare(conn: Connection) -> list[Any]:
-        # compare_server_default is off by default; ask for it so that a drifted default is caught too. No
-        # filtering is needed: on both backends the comparison comes back empty as it is. (Alembic ignores
-        # views and does not compare partial-index predicates, so neither adds noise.)
-        context = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": True})
-        return list(compare_metadata(context, metadata))
+        # compare_server_default is off by default; ask for it so that a drifted default is caught too. One
+        # object is left out: ix_spans_reward (revision 0005), an index on rewards_v's reward expression, which
+        # the metadata cannot state once for both dialects and SQLAlchemy does not reflect on SQLite. (Alembic
+        # ignores views and does not compare partial-index predicates, so neither adds noise.)
+        def include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+            return not (type_ == "index" and name == EXPRESSION_INDEX)
+
+        opts = {"compare_type": True, "compare_server_default": True, "include_object": include}
+        context = MigrationContext.configure(conn, opts=opts)
+        with warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore", f"Skipped unsupported reflection of expression-based index {EXPRESSION_INDEX}"
+            )
+            return list(compare_metadata(context, metadata))
 
     async with empty_engine.connect() as conn:
         differences = await conn.run_sync(compare)
