@@ -11,6 +11,7 @@ import datetime
 import enum
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -90,9 +91,11 @@ def prune(
         fail(WHAT, "store prune deletes for good: pass --yes to delete (or --dry-run to see what would go)", 2)
     url = load_settings(database_url=database_url).database_url
     _check_sqlite_file(url)
+    # One cutoff for the plan and the delete: what ended while the confirmation waited is not in either.
+    now = time.time()
 
     if dry_run or not yes or errors.is_terminal:
-        plan = _run(url, rules, None)
+        plan = _run(url, rules, None, now)
         if dry_run:
             _print(plan, as_json)
             return
@@ -105,11 +108,11 @@ def prune(
     else:
         total = None
     summary = Summary(rules, dry_run=False)
-    _run(url, rules, (summary, batch_size, pause, total))
+    _run(url, rules, (summary, batch_size, pause, total), now)
     _print(summary, as_json)
 
 
-def _run(url: str, rules: Rules, deleting: tuple[Summary, int, float, int | None] | None) -> Summary:
+def _run(url: str, rules: Rules, deleting: tuple[Summary, int, float, int | None] | None, now: float) -> Summary:
     """Plan (``deleting`` None) or prune into the given summary, batch size, pause, progress total; a database
     that cannot be reached or is not migrated ends the command with one line (exit 1), an interrupt with what
     went so far (exit 130)."""
@@ -134,7 +137,7 @@ def _run(url: str, rules: Rules, deleting: tuple[Summary, int, float, int | None
         engine = make_engine(url, pool_size=2)
         try:
             await check_current(engine)
-            pruner = Pruner(engine, rules)
+            pruner = Pruner(engine, rules, now=now)
             if deleting is None:
                 return await pruner.plan()
             summary, batch_rows, pause, total = deleting

@@ -17,6 +17,10 @@ from lightning_store.limits import Id
 _ID: TypeAdapter[str] = TypeAdapter(Id)
 
 
+MAX_EXACT_LINES = 2000
+"""Up to this many lines in both texts together, the diff is exact (no line treated as junk)."""
+
+
 @dataclass(frozen=True)
 class DiffLine:
     """One line of a diff: ``add`` (only in the new text), ``del`` (only in the old one) or ``ctx`` (in both)."""
@@ -30,7 +34,10 @@ def line_diff(old: str, new: str) -> list[DiffLine]:
     templates are short, and a reader wants to see the whole prompt). Equal texts give only ``ctx`` lines."""
     a, b = old.splitlines(), new.splitlines()
     lines: list[DiffLine] = []
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+    # SequenceMatcher without autojunk is quadratic in the worst case: a template of thousands of lines (anything
+    # can be stored) is matched with autojunk on, which may mark more lines changed but answers at once.
+    matcher = difflib.SequenceMatcher(None, a, b, autojunk=len(a) + len(b) > MAX_EXACT_LINES)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
             lines += [DiffLine("ctx", text) for text in a[i1:i2]]
             continue

@@ -52,7 +52,12 @@ class Reader:
         spelling), NULL when absent. ``key`` must be a bound parameter's name, never user text."""
         if self.postgres:
             return f"({column} ->> :{key})"
-        return f"CAST(json_extract({column}, '$.\"' || :{key} || '\"') AS TEXT)"
+        path = f"'$.\"' || :{key} || '\"'"
+        # SQLite's json_extract gives 1 and 0 for true and false: spell booleans as JSON (and as Postgres) does.
+        return (
+            f"CASE json_type({column}, {path}) WHEN 'true' THEN 'true' WHEN 'false' THEN 'false' "
+            f"ELSE CAST(json_extract({column}, {path}) AS TEXT) END"
+        )
 
     def json_number(self, column: str, key: str) -> str:
         """The member ``key`` of ``column`` as a number when it is one, else NULL (as the views read JSON)."""

@@ -165,7 +165,10 @@ def _time(value: str | None, name: str, errors: dict[str, str]) -> float | None:
             return None
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=dt.UTC)
-        return moment.timestamp()
+        try:
+            seconds = moment.timestamp()
+        except (OverflowError, ValueError, OSError):
+            seconds = math.inf
     if not math.isfinite(seconds) or not 0 <= seconds < 1e11:
         errors[name] = f"{name} is out of range"
         return None

@@ -79,6 +79,10 @@ class Selection:
             conditions.append(_metadata("training_run").is_(None))
         if protect and runs.runs:
             conditions.append(r.start_time < runs.protect_from)
+            if self.include_runs:
+                # A resumed run in progress still reads its earlier, finished run rollouts (training_steps_v's
+                # run_id is the first of them): while any run is in progress, no run rollout goes.
+                conditions.append(_metadata("training_run").is_(None))
             if runs.apo:
                 conditions.append(_metadata("apo_run").is_(None))
             run_id = _metadata("training_run_id")

@@ -183,7 +183,8 @@ async def fill_rollouts(store: SqlStore) -> RolloutsFilled:
     for b, (mode, size) in enumerate(modes):
         batch = []
         for k in range(size):
-            metadata = {"step": b, "task_id": f"task-{k % 7}", "split": mode or "none"}
+            metadata: dict[str, Any] = {"step": b, "task_id": f"task-{k % 7}", "split": mode or "none"}
+            metadata["flag"] = k % 3 == 0  # a JSON boolean: reads as true/false on both backends
             if b == 2 and k == 3:
                 metadata["task_id"] = QUOTED_TASK
             retry = RolloutConfig(max_attempts=2, retry_condition=["failed"]) if k % 2 == 0 else None

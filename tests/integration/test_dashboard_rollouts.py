@@ -128,6 +128,8 @@ async def test_every_filter_lists_exactly_the_rollouts_sql_finds(site: Site) -> 
         ({"meta_key": "task_id", "meta_value": "task-3"}, lambda r: r["metadata"].get("task_id") == "task-3"),
         ({"meta_key": "task_id", "meta_value": QUOTED_TASK}, lambda r: r["task_id"] == QUOTED_TASK),
         ({"meta_key": "step", "meta_value": "1"}, lambda r: r["step"] == 1),
+        ({"meta_key": "flag", "meta_value": "true"}, lambda r: r["metadata"].get("flag") is True),
+        ({"meta_key": "flag", "meta_value": "false"}, lambda r: r["metadata"].get("flag") is False),
         ({"q": retried["rollout_id"][:6]}, lambda r: r["rollout_id"].startswith(retried["rollout_id"][:6])),
         ({"q": HOSTILE_ID[:8]}, lambda r: r["rollout_id"].startswith(HOSTILE_ID[:8])),
     ]
@@ -204,6 +206,8 @@ BAD = [
     ({"status": "done"}, "status"),
     ({"mode": "TRAIN"}, "mode"),
     ({"since": "yesterday"}, "since"),
+    ({"since": "0001-01-01T00:00+01:00"}, "since"),
+    ({"until": "9999-12-31T23:59:59-01:00"}, "until"),
     ({"until": "1e300"}, "until"),
     ({"since": "2026-11-24T10:00", "until": "2026-11-24T09:00"}, "until"),
     ({"meta_key": "task_id'--", "meta_value": "x"}, "meta_key"),

@@ -248,6 +248,26 @@ async def test_age_and_mode_select_whole_rollouts(store: SqlStore, database_url:
 
 
 @pytest.mark.parametrize("database_url", BACKENDS, indirect=True)
+async def test_include_runs_takes_no_run_rollout_while_a_run_is_in_progress(
+    store: SqlStore, database_url: str, tmp_path: Path
+) -> None:
+    """A resumed run in progress reads the finished run rollout it resumed from (training_steps_v files its steps
+    under that one), so while any run is in progress --include-runs takes none; once none is, the old one goes."""
+    fill = Fill(store)
+    resumed_from = await fill.run("grpo", started=40, finished=True)
+    running = await fill.run("grpo", started=0)
+    before = await snapshot(store)
+    args = ["--older-than", "30d", "--what", "rollouts", "--include-runs", "--yes"]
+    kept = await prune(database_url, *args, cwd=tmp_path)
+    assert kept["rollouts"] == 0 and await snapshot(store) == before
+    async with store.engine.begin() as conn:  # the run ends
+        await conn.execute(sa.text("UPDATE rollouts SET status = 'succeeded' WHERE rollout_id = :r"), {"r": running})
+    done = await prune(database_url, *args, cwd=tmp_path)
+    assert done["rollouts"] == 1
+    assert resumed_from not in {row[0] for row in (await snapshot(store))["rollouts"]}
+
+
+@pytest.mark.parametrize("database_url", BACKENDS, indirect=True)
 async def test_spans_scope_keeps_what_training_and_the_views_read(
     store: SqlStore, database_url: str, tmp_path: Path
 ) -> None:
