@@ -15,61 +15,10 @@ from typing import Any
 from lightning_store.dashboard.prompt_diff import line_diff, string_list, template_texts
 from lightning_store.dashboard.reader import Reader
 
-APO_RUN_COLUMNS = (
-    "run_id",
-    "status",
-    "search",
-    "seed",
-    "best_candidate",
-    "best_resources_id",
-    "published_resources_id",
-    "published_version",
-    "seed_val_score",
-    "best_val_score",
-    "seed_test_score",
-    "best_test_score",
-    "test_tasks",
-    "max_rollouts",
-    "rollouts_spent",
-    "rollouts_in_store",
-    "test_rollouts_spent",
-    "test_rollouts_in_store",
-    "max_optimizer_calls",
-    "optimizer_calls_spent",
-    "optimizer_calls_in_store",
-    "optimizer_tokens_spent",
-    "optimizer_tokens_in_store",
-    "max_optimizer_tokens",
-)
-CANDIDATE_COLUMNS = (
-    "round",
-    "candidate",
-    "origin",
-    "template_name",
-    "status",
-    "reason",
-    "resources_id",
-    "parent_resources_id",
-    "parents",
-    "critique",
-    "minibatch_score",
-    "parent_minibatch_score",
-    "val_score",
-    "val_tasks",
-    "templates",
-    "is_best",
-    "rollouts_spent",
-    "optimizer_calls_spent",
-    "optimizer_tokens_spent",
-    "time",
-)
-
 
 async def apo_run_row(reader: Reader, run_id: str) -> dict[str, Any] | None:
     """The run's ``apo_runs_v`` row, None when ``run_id`` is no APO run."""
-    rows = await reader.rows(
-        f"SELECT {', '.join(APO_RUN_COLUMNS)} FROM apo_runs_v WHERE run_id = :run_id", {"run_id": run_id}
-    )
+    rows = await reader.rows("SELECT * FROM apo_runs_v WHERE run_id = :run_id", {"run_id": run_id})
     return rows[0] if rows else None
 
 
@@ -77,8 +26,7 @@ async def candidates(reader: Reader, run_id: str) -> dict[str, Any]:
     """``candidates`` (rows by round and ordinal, with ``parent_links``, ``template_texts`` and ``changes``),
     ``rounds`` (round → its candidates) and ``lineage`` (``(depth, candidate)`` pairs, depth first)."""
     rows = await reader.rows(
-        f"SELECT {', '.join(CANDIDATE_COLUMNS)} FROM prompt_candidates_v WHERE run_id = :run_id "
-        "ORDER BY round, candidate",
+        "SELECT * FROM prompt_candidates_v WHERE run_id = :run_id ORDER BY round, candidate",
         {"run_id": run_id},
     )
     by_resources: dict[str, dict[str, Any]] = {}
