@@ -1,8 +1,13 @@
-"""Resources methods of the SQL store: versioned named snapshots; the latest is the most recently written."""
+"""Resources methods of the SQL store: versioned named snapshots; the latest is the most recently written.
+
+``resources`` holds each id's latest version; every write also appends the version it made to
+``resource_versions``, in the same transaction, so the history never misses a version that was acknowledged.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import sqlalchemy as sa
@@ -16,7 +21,7 @@ from lightning_store.sql.base import SqlBase
 from lightning_store.sql.dialect import contains_text, upsert
 from lightning_store.sql.paging import fetch_page
 from lightning_store.sql.rows import new_id, resources_from_row
-from lightning_store.sql.schema import attempts, resources, rollouts
+from lightning_store.sql.schema import attempts, resource_versions, resources, rollouts
 
 RESOURCES_SORTABLE = ("resources_id", "create_time", "update_time", "version")
 _named_resources: TypeAdapter[NamedResources] = TypeAdapter(NamedResources)
@@ -48,6 +53,16 @@ def _checked(value: Any) -> dict[str, Any]:
     return dumped
 
 
+def _history_row(row: Mapping[Any, Any]) -> dict[str, Any]:
+    """The ``resource_versions`` row of a version just written (``row`` as ``resources`` now holds it)."""
+    return {
+        "resources_id": row["resources_id"],
+        "version": row["version"],
+        "time": row["update_time"],
+        "resources": row["resources"],
+    }
+
+
 class ResourceOps(SqlBase):
     async def add_resources(self, resources_: NamedResources) -> ResourcesUpdate:
         payload = _checked(resources_)
@@ -55,6 +70,7 @@ class ResourceOps(SqlBase):
         row = {"resources_id": new_id("rs"), "create_time": now, "update_time": now, "version": 1, "resources": payload}
         async with self._write() as (conn, _):
             await conn.execute(sa.insert(resources).values(row))
+            await conn.execute(sa.insert(resource_versions).values(_history_row(row)))
         return ResourcesUpdate.model_validate(row)
 
     async def update_resources(self, resources_id: str, resources_: NamedResources) -> ResourcesUpdate:
@@ -72,6 +88,7 @@ class ResourceOps(SqlBase):
         ).returning(*resources.c)
         async with self._write() as (conn, _):
             stored = (await conn.execute(stmt)).mappings().one()
+            await conn.execute(sa.insert(resource_versions).values(_history_row(stored)))
         return resources_from_row(stored)
 
     async def get_resources_by_id(self, resources_id: str) -> ResourcesUpdate | None:

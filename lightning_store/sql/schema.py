@@ -124,6 +124,19 @@ resources = sa.Table(
     sa.Index("ix_resources_update_time", "update_time"),
 )
 
+# Every version ever written of every resources id, in the transaction that wrote it (revision 0006): the
+# dashboard diffs a prompt against the version before it. ``resources`` keeps only the latest of each.
+resource_versions = sa.Table(
+    "resource_versions",
+    metadata,
+    sa.Column("pk", BigId, primary_key=True, autoincrement=True),
+    sa.Column("resources_id", sa.String(128), nullable=False),
+    sa.Column("version", sa.Integer(), nullable=False),
+    sa.Column("time", Seconds, nullable=False),
+    sa.Column("resources", Json, nullable=False),
+    sa.UniqueConstraint("resources_id", "version"),
+)
+
 workers = sa.Table(
     "workers",
     metadata,

@@ -163,7 +163,7 @@ def _views(dialect: str) -> dict[str, str]:
     }
 
 
-def _training_steps(j: Json) -> str:
+def _training_steps(j: Json, *, by_algorithm: bool = False) -> str:
     """``training_steps_v``: one row per (run, step).
 
     A training run is a rollout whose ``metadata.training_run`` names the algorithm; each write of a step is a
@@ -174,7 +174,13 @@ def _training_steps(j: Json) -> str:
     (``reward_mean``), and at the store's first training-run rollout; any other continues the newest run started
     before it. Within a run, each metric of a step is read from the newest write that has it (later rollout, then
     later span): a resumed step keeps its training metrics and takes the new evaluation.
+
+    With ``by_algorithm`` (revision 0007), "the store's first" and "the newest run started before it" count only
+    training-run rollouts of the same algorithm: a resumed GRPO run continues the newest GRPO run, not an APO run
+    started in between. This revision's view is built without it.
     """
+    same = "e.algorithm = f.algorithm AND " if by_algorithm else ""
+    same_run = "t.algorithm = f.algorithm AND " if by_algorithm else ""
     newest_first = "w.run_start DESC, w.training_rollout_id DESC, w.sequence_id DESC"
     pivoted = ",\n                   ".join(
         f"max(CASE WHEN l.name = '{name}' THEN l.value END) AS {name}" for name in METRIC_COLUMNS
@@ -191,7 +197,7 @@ def _training_steps(j: Json) -> str:
         ),
         steps AS (SELECT * FROM writes WHERE algorithm IS NOT NULL AND step IS NOT NULL),
         firsts AS (
-            SELECT f.training_rollout_id, f.run_start,
+            SELECT f.training_rollout_id, f.run_start, f.algorithm,
                    CASE WHEN f.step = 0 OR (f.step = 1 AND f.reward_mean IS NOT NULL) THEN 1 ELSE 0 END AS fresh
             FROM steps f
             WHERE NOT EXISTS (
@@ -200,18 +206,18 @@ def _training_steps(j: Json) -> str:
             )
         ),
         starts AS (
-            SELECT f.training_rollout_id, f.run_start FROM firsts f
+            SELECT f.training_rollout_id, f.run_start, f.algorithm FROM firsts f
             WHERE f.fresh = 1 OR NOT EXISTS (
                 SELECT 1 FROM firsts e
-                WHERE e.run_start < f.run_start
-                   OR (e.run_start = f.run_start AND e.training_rollout_id < f.training_rollout_id)
+                WHERE {same}(e.run_start < f.run_start
+                   OR (e.run_start = f.run_start AND e.training_rollout_id < f.training_rollout_id))
             )
         ),
         runs AS (
             SELECT f.training_rollout_id, (
                 SELECT t.training_rollout_id FROM starts t
-                WHERE t.run_start < f.run_start
-                   OR (t.run_start = f.run_start AND t.training_rollout_id <= f.training_rollout_id)
+                WHERE {same_run}(t.run_start < f.run_start
+                   OR (t.run_start = f.run_start AND t.training_rollout_id <= f.training_rollout_id))
                 ORDER BY t.run_start DESC, t.training_rollout_id DESC LIMIT 1
             ) AS run_id
             FROM firsts f

@@ -151,6 +151,11 @@ def test_the_resources_pages_show_versions_and_a_prompt_diff(page: Any, server: 
     assert page.get_by_test_id("latest-version").get_attribute("data-value") == str(version)
     assert page.get_by_test_id("diff-added").count() > 0
     shoot(page, "resources-published")
+    # The version before it is kept, one click away, and it links back to the latest.
+    page.get_by_test_id("parent-version-link").click()
+    page.wait_for_url(f"{server.url}/dashboard/resources/{published}?version={version - 1}")
+    assert page.get_by_test_id("shown-version").get_attribute("data-value") == str(version - 1)
+    assert page.get_by_test_id("version-link").count() >= 1
     page.goto(f"{server.url}/dashboard/resources/policy")
     link = page.get_by_test_id("version-rollouts").first
     href = str(link.get_attribute("href"))

@@ -227,11 +227,14 @@ async def test_resources_pages_count_versions_and_rollouts_and_diff_the_prompts(
     shown = {
         r.attrs["data-version"]: int(r.cells()["rollouts"].attrs["data-value"]) for r in policy.testids("version-row")
     }
-    assert shown == {("" if v is None else str(v)): n for v, n in by_version.items()} | {"7": 0}
+    # Every version the store wrote is listed (resource_versions_v), with what ran on it.
+    written = {str(v): 0 for v in range(1, 8)}
+    assert shown == written | {("" if v is None else str(v)): n for v, n in by_version.items()}
     assert "/dashboard/rollouts?resources_id=policy&resources_version=2" in policy.hrefs()
-    assert policy.testid("no-parent")
-    # What the APO run published, against its seed: exactly the changed lines.
+    assert not policy.testids("diff-parent") and not policy.testids("no-parent")  # no prompt templates
+    # What the APO run published (version 2), against the version before it (the seed): exactly the changed lines.
     prompts = await site.page(f"/dashboard/resources/{PUBLISH_ID}")
+    assert prompts.testid("parent-version-link").attrs["href"] == f"/dashboard/resources/{PUBLISH_ID}?version=1"
     diffs = {s.attrs["data-name"]: s for s in prompts.testids("resource") if s.attrs["data-type"] == "prompt_template"}
     assert [e.text() for e in diffs["classify"].testids("diff-added")] == REWRITE_CLASSIFY.splitlines()[1::2]
     assert [e.text() for e in diffs["classify"].testids("diff-removed")] == [SEED_CLASSIFY.splitlines()[1]]

@@ -22,10 +22,11 @@ from lightning_store.models import RolloutConfig
 from lightning_store.spans import Span, TraceStatus
 from lightning_store.sql import SqlStore, open_store
 from lightning_store.sql.engine import make_engine
-from lightning_store.sql.schema import llm_calls, metadata
+from lightning_store.sql.schema import llm_calls, metadata, resource_versions
+from lightning_store.sql.schema import resources as resources_table
 from tests.postgres import TemplateDatabases
 
-TABLES = {"rollouts", "attempts", "spans", "resources", "workers", "llm_calls"}
+TABLES = {"rollouts", "attempts", "spans", "resources", "workers", "llm_calls", "resource_versions"}
 VIEWS = {
     "rollouts_v",
     "attempts_v",
@@ -35,8 +36,11 @@ VIEWS = {
     "training_steps_v",
     "prompt_candidates_v",
     "apo_runs_v",
+    "resource_versions_v",
 }
 APO_VIEWS = {"prompt_candidates_v", "apo_runs_v"}
+HISTORY = ({"resource_versions"}, {"resource_versions_v"})
+"""What revision 0006 adds: the resources history table and its view."""
 EXPRESSION_INDEX = "ix_spans_reward"
 BACKENDS = [pytest.param("sqlite", id="sqlite"), pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)]
 
@@ -137,7 +141,10 @@ async def test_downgrade_to_0001_restores_its_views(empty_engine: AsyncEngine) -
     assert "resources_version" in await view_columns(empty_engine, "rewards_v")
     await migrate.downgrade(empty_engine, "0001")
     assert await migrate.current_revision(empty_engine) == "0001"
-    assert await schema_objects(empty_engine) == (TABLES, VIEWS - APO_VIEWS - {"training_steps_v"})
+    assert await schema_objects(empty_engine) == (
+        TABLES - HISTORY[0],
+        VIEWS - APO_VIEWS - HISTORY[1] - {"training_steps_v"},
+    )
     assert await view_columns(empty_engine, "rewards_v") == [
         "rollout_id",
         "attempt_id",
@@ -162,11 +169,31 @@ async def test_downgrade_to_0002_restores_its_views(empty_engine: AsyncEngine) -
     assert (await view_columns(empty_engine, "llm_calls_v"))[-2:] == usage
     await migrate.downgrade(empty_engine, "0002")
     assert await migrate.current_revision(empty_engine) == "0002"
-    assert await schema_objects(empty_engine) == (TABLES, VIEWS - APO_VIEWS)
+    assert await schema_objects(empty_engine) == (TABLES - HISTORY[0], VIEWS - APO_VIEWS - HISTORY[1])
     columns = await view_columns(empty_engine, "llm_calls_v")
     assert columns[-1] == "latency_seconds" and not set(usage) & set(columns)
     await migrate.upgrade(empty_engine)
     await assert_migrated(empty_engine)
+
+
+async def test_0006_starts_the_resources_history_at_each_ids_latest_version(empty_engine: AsyncEngine) -> None:
+    # Before 0006 the store kept only the latest content of an id: the upgrade copies that in, nothing more.
+    await migrate.upgrade(empty_engine, "0005")
+    rows = [
+        {"resources_id": "prompts", "create_time": 10.0, "update_time": 30.0, "version": 3, "resources": {"p": 1}},
+        {"resources_id": "rs-1", "create_time": 20.0, "update_time": 20.0, "version": 1, "resources": {}},
+    ]
+    async with empty_engine.begin() as conn:
+        await conn.execute(sa.insert(resources_table), rows)
+    await migrate.upgrade(empty_engine)
+    async with empty_engine.connect() as conn:
+        history = (await conn.execute(sa.select(resource_versions).order_by(resource_versions.c.pk))).mappings().all()
+    assert [(h["resources_id"], h["version"], h["time"], h["resources"]) for h in history] == [
+        ("prompts", 3, 30.0, {"p": 1}),
+        ("rs-1", 1, 20.0, {}),
+    ]
+    await migrate.downgrade(empty_engine, "0005")
+    assert await schema_objects(empty_engine) == (TABLES - HISTORY[0], VIEWS - HISTORY[1])
 
 
 # (c) -----------------------------------------------------------------------------------------------------------

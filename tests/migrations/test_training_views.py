@@ -136,6 +136,37 @@ async def test_a_run_started_afresh_is_a_run_of_its_own(store: SqlStore) -> None
 
 
 @pytest.mark.parametrize("database_url", BACKENDS, indirect=True)
+async def test_a_resumed_run_continues_the_newest_run_of_its_own_algorithm(store: SqlStore) -> None:
+    # Revision 0007: GRPO, then an APO run, then the GRPO run resumed. The resumed steps belong to the GRPO run,
+    # not to the APO run that started in between; an APO run resumed in turn continues the APO run.
+    runs = Runs(store)
+    grpo = await runs.start("grpo")
+    await grpo.log(0, {"val_reward": 0.25})
+    await grpo.log(1, trained(1, 0.5))
+    apo = await runs.start("apo")
+    await apo.log(0, {"val_reward": 0.1})
+    resumed = await runs.start("grpo")
+    await resumed.log(1, {"val_reward": 0.5})
+    await resumed.log(2, trained(2, 0.75))
+    apo_resumed = await runs.start("apo")
+    await apo_resumed.log(1, {"val_reward": 0.2})
+    # A store whose first training-run rollout of an algorithm is a resumed one still starts a run with it.
+    ppo = await runs.start("ppo")
+    await ppo.log(4, trained(4, 1.0))
+
+    found = {(r["run_id"], r["training_rollout_id"], r["step"], r["algorithm"]) for r in await steps(store)}
+    g, a, r, ar, p = (log.run.rollout_id for log in (grpo, apo, resumed, apo_resumed, ppo))
+    assert found == {
+        (g, g, 0, "grpo"),
+        (g, r, 1, "grpo"),
+        (g, r, 2, "grpo"),
+        (a, a, 0, "apo"),
+        (a, ar, 1, "apo"),
+        (p, p, 4, "ppo"),
+    }
+
+
+@pytest.mark.parametrize("database_url", BACKENDS, indirect=True)
 async def test_training_steps_ignore_what_is_not_a_step_metric(store: SqlStore) -> None:
     log = await Runs(store).start()
     await log.log(1, trained(1, 0.5))
