@@ -165,12 +165,26 @@ def server(
     backend: str, directory: Path, database_url: str | None = None, agl_python: str | None = None
 ) -> Iterator[str]:
     """A running server of ``backend`` on a free port; yields its root URL and stops it afterwards."""
+    with server_process(backend, directory, database_url, agl_python) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def server_process(
+    backend: str,
+    directory: Path,
+    database_url: str | None = None,
+    agl_python: str | None = None,
+    extra: Sequence[str] = (),
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """As :func:`server`, yielding the process too (it leads its own process group); ``extra`` arguments are
+    added to ``store serve``'s."""
     port = free_port()
     log_file = directory / f"{backend}-{port}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_STORE_")} | AGL_ENV
     with log_file.open("wb") as sink:
         process = subprocess.Popen(
-            server_argv(backend, port, database_url, agl_python),
+            [*server_argv(backend, port, database_url, agl_python), *extra],
             stdout=sink,
             stderr=subprocess.STDOUT,
             env=env,
@@ -180,7 +194,7 @@ def server(
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, process, log_file, timeout=STARTUP_SECONDS)
-        yield url
+        yield url, process
     finally:
         stop(process)
 

@@ -30,6 +30,7 @@ from lightning_store.models import (
     AttemptedRollout,
     AttemptEnd,
     AttemptStatus,
+    Claim,
     EnqueueRolloutRequest,
     FilterLogic,
     PaginatedResult,
@@ -206,14 +207,26 @@ class HttpStore:
     async def dequeue_many_rollouts(
         self, *, limit: int = 1, worker_id: str | None = None, timeout: float | None = None
     ) -> Sequence[AttemptedRollout]:
+        data = await self._dequeue_loop("/v1/agl/queues/rollouts/dequeue", limit, worker_id, timeout)
+        return [AttemptedRollout.model_validate(item) for item in data]
+
+    async def _dequeue_loop(self, path: str, limit: int, worker_id: str | None, timeout: float | None) -> Any:
+        """POST a dequeue-like request, long-polling in pieces of at most MAX_LONG_POLL_SECONDS until something
+        is claimed or ``timeout`` has passed; the claimed items as JSON."""
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
         while True:
             body: dict[str, Any] = {"limit": limit, "worker_id": worker_id}
             if deadline is not None:
                 body["timeout"] = max(0.0, min(deadline - time.monotonic(), MAX_LONG_POLL_SECONDS))
-            data = await self._call("POST", "/v1/agl/queues/rollouts/dequeue", json=body)
+            data = await self._call("POST", path, json=body)
             if data or deadline is None or time.monotonic() >= deadline:
-                return [AttemptedRollout.model_validate(item) for item in data]
+                return data
+
+    async def claim_rollouts(
+        self, *, limit: int = 1, worker_id: str | None = None, timeout: float | None = None
+    ) -> Sequence[Claim]:
+        data = await self._dequeue_loop("/v1/agl/queues/rollouts/claim", limit, worker_id, timeout)
+        return [Claim.model_validate(item) for item in data]
 
     async def start_attempt(self, rollout_id: str, worker_id: str | None = None) -> AttemptedRollout:
         data = await self._call(

@@ -19,6 +19,7 @@ from lightning_store.models import (
     AttemptedRollout,
     AttemptEnd,
     AttemptStatus,
+    Claim,
     EnqueueRolloutRequest,
     FilterLogic,
     PaginatedResult,
@@ -111,6 +112,13 @@ class LightningStore(Protocol):
         self, *, limit: int = 1, worker_id: str | None = None, timeout: float | None = None
     ) -> Sequence[AttemptedRollout]:
         """Claim up to ``limit`` rollouts in FIFO order in one transaction."""
+        ...
+
+    async def claim_rollouts(
+        self, *, limit: int = 1, worker_id: str | None = None, timeout: float | None = None
+    ) -> Sequence[Claim]:
+        """**Addition.** ``dequeue_many_rollouts``, each claim with the resources its attempt runs with (as
+        ``get_attempt_resources`` would answer): a runner's one call per batch of claims instead of two."""
         ...
 
     async def start_attempt(self, rollout_id: str, worker_id: str | None = None) -> AttemptedRollout:

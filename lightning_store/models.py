@@ -12,6 +12,7 @@ from typing import Any, Generic, Literal, TypeVar, get_args
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from lightning_store.limits import Id
+from lightning_store.resources import ResourcesUpdate
 
 RolloutStatus = Literal["queuing", "preparing", "running", "failed", "succeeded", "cancelled", "requeuing"]
 AttemptStatus = Literal["preparing", "running", "failed", "succeeded", "unresponsive", "timeout"]
@@ -91,6 +92,15 @@ class AttemptedRollout(Rollout):
         if self.attempt.rollout_id != self.rollout_id:
             raise ValueError("Inconsistent rollout_id between Rollout and Attempt")
         return self
+
+
+class Claim(BaseModel):
+    """A rollout just claimed (with its new attempt) and the resources snapshot that attempt runs with: the
+    rollout's ``resources_id`` when the store has it, else the latest (as ``get_attempt_resources``); None when
+    the store holds no resources. An addition: what a runner needs to start an attempt, in one call."""
+
+    rollout: AttemptedRollout
+    resources: ResourcesUpdate | None = None
 
 
 class EnqueueRolloutRequest(BaseModel):

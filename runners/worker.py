@@ -25,7 +25,7 @@ from typing import Any
 
 from lightning_store.contract import LightningStore
 from lightning_store.errors import ConflictError
-from lightning_store.models import AttemptedRollout, EndedAttemptStatus
+from lightning_store.models import AttemptedRollout, Claim, EndedAttemptStatus
 from lightning_store.resources import ResourcesUpdate
 from runners.agent import AgentSignatureError, RolloutAgent
 from runners.attempts import RELEASE_SECONDS, EndBatcher, outcome, tally
@@ -127,11 +127,9 @@ class Worker:
                     continue
                 if not running and idle_exit is not None and time.monotonic() - idle_since > idle_exit:
                     break
-                claimed = await self._dequeue(self.concurrency - len(running))
-                resources = await self._resources_of(claimed)
+                claimed = await self._claim(self.concurrency - len(running))
                 for one in claimed:
-                    update = _resources_for(one, resources)
-                    running.add(asyncio.create_task(self.run_attempt(one, tracer, update)))
+                    running.add(asyncio.create_task(self.run_attempt(one.rollout, tracer, one.resources)))
                 done = {task for task in running if task.done()}
                 running -= done
                 _reraise(done)
@@ -154,21 +152,20 @@ class Worker:
         except _LAST_HEARTBEAT_FAILED as error:
             logger.warning("could not send the last worker heartbeat (%s)", type(error).__name__)
 
-    async def _dequeue(self, limit: int) -> Sequence[AttemptedRollout]:
+    async def _claim(self, limit: int) -> Sequence[Claim]:
+        """Claim up to ``limit`` rollouts, each with its resources (one request)."""
         try:
-            return await self.store.dequeue_many_rollouts(
-                limit=limit, worker_id=self.worker_id, timeout=self.poll_timeout
-            )
+            return await self.store.claim_rollouts(limit=limit, worker_id=self.worker_id, timeout=self.poll_timeout)
         except UNREACHABLE as error:
             logger.warning("dequeue failed, store unreachable (%s); retrying", type(error).__name__)
             await asyncio.sleep(1.0)
             return []
 
     async def run_attempt(
-        self, claimed: AttemptedRollout, tracer: Tracer, resources: ResourcesUpdate | None = None
+        self, claimed: AttemptedRollout, tracer: Tracer, resources: ResourcesUpdate | None
     ) -> EndedAttemptStatus:
         """Run one claimed attempt to its end and report its status (which is also returned). ``resources``:
-        those of its rollout, when the caller has them already (fetched from the store otherwise)."""
+        the snapshot it runs with, as its claim carried it (None: the store has none)."""
         rollout_id, attempt_id = claimed.rollout_id, claimed.attempt.attempt_id
         timeout = claimed.config.timeout_seconds or self.default_timeout
         self.in_flight[attempt_id] = claimed
@@ -205,7 +202,7 @@ class Worker:
     ) -> tuple[EndedAttemptStatus, bool, float | None]:
         """Run the agent (and its heartbeats): the attempt status, whether a sync agent's thread hung, and the
         reward it returned (None when it returned none or did not succeed)."""
-        resources = await self._resources(claimed, update)
+        resources = self._resources(claimed, update)
         try:
             args, kwargs = self._arguments(claimed, resources)
         except AgentSignatureError as error:  # the agent cannot be called for this rollout: its attempt fails
@@ -260,21 +257,7 @@ class Worker:
             raise MissingLLMError(missing_llm_message(claimed.rollout_id))
         return self.agent.arguments(claimed.input, llm=llm, resources=resources, rollout=claimed)
 
-    async def _resources_of(self, claimed: Sequence[AttemptedRollout]) -> dict[str, ResourcesUpdate | None]:
-        """The resources of a batch of claims by resources id ("" for "the latest", which also stands in for an
-        id the store does not know), each fetched once."""
-        found: dict[str, ResourcesUpdate | None] = {}
-        for resources_id in {one.resources_id or "" for one in claimed}:
-            if resources_id:
-                fetch = functools.partial(self.store.get_resources_by_id, resources_id)
-                found[resources_id] = await persist(fetch, what="resources")
-            if found.get(resources_id) is None and "" not in found:
-                found[""] = await persist(self.store.get_latest_resources, what="latest resources")
-        return found
-
-    async def _resources(self, claimed: AttemptedRollout, update: ResourcesUpdate | None) -> dict[str, Any]:
-        if update is None:
-            update = _resources_for(claimed, await self._resources_of([claimed]))
+    def _resources(self, claimed: AttemptedRollout, update: ResourcesUpdate | None) -> dict[str, Any]:
         return bind_resources(
             update.resources if update else {},
             rollout_id=claimed.rollout_id,
@@ -322,8 +305,3 @@ def _reraise(done: Iterable[asyncio.Task[EndedAttemptStatus]]) -> None:
     for task in done:
         if not task.cancelled() and task.exception() is not None:
             task.result()
-
-
-def _resources_for(claimed: AttemptedRollout, found: dict[str, ResourcesUpdate | None]) -> ResourcesUpdate | None:
-    """A claim's resources out of :meth:`Worker._resources_of`'s answer: its own version, else the latest."""
-    return found.get(claimed.resources_id or "") or found.get("")

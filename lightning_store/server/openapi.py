@@ -27,8 +27,8 @@ once and caches the result. The contract of the document it returns:
   - 502 and the upstream's own statuses on the LLM proxy routes, which forward to an upstream.
 
 - **Success bodies from the store's models** (serialization mode): ``Rollout``, ``AttemptedRollout``,
-  ``Attempt``, ``Span``, ``ResourcesUpdate``, ``Worker``, ``LlmCall``, pages of them; a getter that answers JSON
-  ``null`` for an unknown id (``GET /v1/agl/rollouts/{rollout_id}``, …) allows ``null``.
+  ``Attempt``, ``Span``, ``ResourcesUpdate``, ``Worker``, ``LlmCall``, ``Claim``, pages of them; a getter that
+  answers JSON ``null`` for an unknown id (``GET /v1/agl/rollouts/{rollout_id}``, …) allows ``null``.
 - **Bodies read by hand are described**: the OTLP export of ``POST /v1/traces`` (protobuf or JSON) and the
   OpenAI-style request of the LLM proxy, with the proxy's ``x-rollout-id``/``x-attempt-id`` headers.
 
@@ -47,7 +47,7 @@ from fastapi import FastAPI
 from pydantic import TypeAdapter
 
 from lightning_store.llm_calls import LlmCall
-from lightning_store.models import Attempt, AttemptedRollout, Rollout, Worker
+from lightning_store.models import Attempt, AttemptedRollout, Claim, Rollout, Worker
 from lightning_store.resources import NamedResources, ResourcesUpdate
 from lightning_store.spans import Span
 
@@ -151,6 +151,12 @@ def _successes() -> dict[tuple[str, str], Success]:
             "The claimed rollouts with their new attempts; empty when the queue stayed empty.",
             _array(_ref("AttemptedRollout")),
         ),
+        ("post", "/v1/agl/queues/rollouts/claim"): Success(
+            "200",
+            "The claimed rollouts, each with the resources its attempt runs with (null: the store holds none); "
+            "empty when the queue stayed empty.",
+            _array(_ref("Claim")),
+        ),
         ("post", "/v1/agl/rollouts"): Success(
             "201", "The rollout, started with its first attempt.", _ref("AttemptedRollout")
         ),
@@ -250,6 +256,7 @@ RESPONSE_MODELS: dict[str, type[Any]] = {
     "ResourcesUpdate": ResourcesUpdate,
     "Worker": Worker,
     "LlmCall": LlmCall,
+    "Claim": Claim,
 }
 """The models of success bodies, by the component name the document gives their serialization-mode schema."""
 REQUEST_MODELS: dict[str, Any] = {"SpanInput": Span, "LlmCallInput": LlmCall, "NamedResources": NamedResources}

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import functools
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Body, Depends, Request, Response
 
@@ -13,6 +14,7 @@ from lightning_store.server.json_body import CheckedJsonRoute
 from lightning_store.server.shutdown import LongPolls
 
 router = APIRouter(prefix="/v1/agl", route_class=CheckedJsonRoute)
+T = TypeVar("T")
 
 
 async def get_store(request: Request) -> LightningStore:
@@ -39,12 +41,32 @@ async def enqueue(body: wire.EnqueueBody, store: Store) -> list[dict[str, Any]]:
 async def dequeue(
     store: Store, request: Request, response: Response, body: Annotated[wire.DequeueBody | None, Body()] = None
 ) -> list[dict[str, Any]]:
+    claimed = await _claiming(store.dequeue_many_rollouts, request, response, body)
+    return [wire.rollout_json(r) for r in claimed]
+
+
+@router.post("/queues/rollouts/claim")
+async def claim(
+    store: Store, request: Request, response: Response, body: Annotated[wire.DequeueBody | None, Body()] = None
+) -> list[dict[str, Any]]:
+    """**Addition.** As dequeue, each claimed rollout with the resources its attempt runs with:
+    ``[{"rollout": …, "resources": … | null}]`` (one request where a runner made two)."""
+    claimed = await _claiming(store.claim_rollouts, request, response, body)
+    return [
+        {"rollout": wire.rollout_json(c.rollout), "resources": c.resources and c.resources.model_dump(mode="json")}
+        for c in claimed
+    ]
+
+
+async def _claiming(
+    method: Callable[..., Awaitable[T]], request: Request, response: Response, body: wire.DequeueBody | None
+) -> T:
+    """``method`` (a dequeue) with the body's arguments; a blocking one is a long-poll, which answers [] at once
+    when the server shuts down or its client leaves."""
     body = body or wire.DequeueBody()
     timeout = None if body.timeout is None else wire.long_poll(body.timeout)
-    claim = functools.partial(store.dequeue_many_rollouts, limit=body.limit, worker_id=body.worker_id, timeout=timeout)
-    # A blocking dequeue is a long-poll: it answers [] at once when the server shuts down or its client leaves.
-    claimed = await (long_polls(request).run(request, response, claim) if timeout else claim())
-    return [wire.rollout_json(r) for r in claimed]
+    call = functools.partial(method, limit=body.limit, worker_id=body.worker_id, timeout=timeout)
+    return await (long_polls(request).run(request, response, call) if timeout else call())
 
 
 @router.post("/rollouts", status_code=201)

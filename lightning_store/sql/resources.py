@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -114,6 +114,21 @@ class ResourceOps(SqlBase):
                 return resources_from_row(row)
             latest = (await conn.execute(_LATEST)).mappings().first()
         return None if latest is None else resources_from_row(latest)
+
+    async def resources_for(self, resources_ids: Sequence[str | None]) -> dict[str | None, ResourcesUpdate | None]:
+        """For each of ``resources_ids``, the snapshot an attempt of a rollout with that ``resources_id`` runs
+        with: that id's, else (an unknown id, or None) the latest; in one read."""
+        wanted = {rid for rid in resources_ids if rid}
+        async with self._read() as conn:
+            found: dict[str | None, ResourcesUpdate | None] = {}
+            if wanted:
+                stmt = sa.select(resources).where(resources.c.resources_id.in_(sorted(wanted)))
+                found = {row["resources_id"]: resources_from_row(row) for row in (await conn.execute(stmt)).mappings()}
+            if any(rid not in found for rid in resources_ids):
+                row = (await conn.execute(_LATEST)).mappings().first()
+                latest = None if row is None else resources_from_row(row)
+                found.update({rid: latest for rid in resources_ids if rid not in found})
+        return found
 
     async def get_latest_resources(self) -> ResourcesUpdate | None:
         async with self._read() as conn:

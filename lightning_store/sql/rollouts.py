@@ -312,19 +312,28 @@ class RolloutOps(AttemptOps, WorkerOps):
     async def wait_for_rollouts(self, *, rollout_ids: list[str], timeout: float | None = None) -> list[Rollout]:
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
         wanted = list(dict.fromkeys(rollout_ids))
+        pending, done = set(wanted), set[str]()
         while True:
             async with self._read() as conn:
-                rows = list(
-                    (
-                        await conn.execute(
-                            sa.select(rollouts.c.rollout_id, rollouts.c.status).where(rollouts.c.rollout_id.in_(wanted))
+                # Only the ids not seen finished yet: every attempt end wakes this loop, so re-reading the whole
+                # list made a long wait quadratic in its length. (One requeued meanwhile is caught below.)
+                rows = (
+                    await conn.execute(
+                        sa.select(rollouts.c.rollout_id, rollouts.c.status).where(
+                            rollouts.c.rollout_id.in_(sorted(pending))
                         )
-                    ).all()
-                )
+                    )
+                ).all()
                 # An unknown id never finishes (as in Agent Lightning): it is waited for, then left out.
-                done = [rollout_id for rollout_id, status in rows if status in TERMINAL_ROLLOUT_STATUSES]
+                done.update(rollout_id for rollout_id, status in rows if status in TERMINAL_ROLLOUT_STATUSES)
+                pending -= done
                 past_deadline = deadline is not None and time.monotonic() >= deadline
-                if len(done) == len(wanted) or past_deadline or waits.ended():
-                    stored = await self._rollouts_by_id(conn, done)
-                    return [stored[rollout_id] for rollout_id in wanted if rollout_id in stored]
+                if not pending or past_deadline or waits.ended():
+                    stored = await self._rollouts_by_id(conn, [r for r in wanted if r in done])
+                    requeued = {r for r, rollout in stored.items() if rollout.status not in TERMINAL_ROLLOUT_STATUSES}
+                    if not requeued or past_deadline or waits.ended():
+                        return [stored[r] for r in wanted if r in stored and r not in requeued]
+                    done -= requeued
+                    pending |= requeued
+                    continue
             await self._wait_for_change("done", deadline)

@@ -12,6 +12,7 @@ from sqlalchemy.engine import URL
 from lightning_store.contract import StoreStatistics
 from lightning_store.errors import DatabaseUnavailableError
 from lightning_store.migrate import upgrade
+from lightning_store.models import Claim
 from lightning_store.settings import StoreSettings, load_settings
 from lightning_store.sql.engine import is_memory_sqlite, is_sqlite, make_engine, normalize_url
 from lightning_store.sql.llm_calls import LlmCallOps
@@ -31,6 +32,15 @@ class SqlStore(RolloutOps, SpanOps, SpanSearchOps, ResourceOps, WatchdogOps, Llm
     """
 
     _listener: PostgresListener | None = None
+
+    async def claim_rollouts(
+        self, *, limit: int = 1, worker_id: str | None = None, timeout: float | None = None
+    ) -> list[Claim]:
+        claimed = await self.dequeue_many_rollouts(limit=limit, worker_id=worker_id, timeout=timeout)
+        if not claimed:
+            return []
+        found = await self.resources_for([one.resources_id for one in claimed])
+        return [Claim(rollout=one, resources=found[one.resources_id]) for one in claimed]
 
     async def statistics(self) -> StoreStatistics:
         async with self._read() as conn:

@@ -274,6 +274,41 @@ async def test_attempt_resources_of_an_unknown_rollout_or_attempt_is_not_found(s
     assert await store.get_attempt_resources(first.rollout_id, retried.attempt.attempt_id) is None
 
 
+async def test_claim_rollouts_carries_the_resources_each_attempt_runs_with(store: LightningStore) -> None:
+    assert await store.claim_rollouts(limit=3, worker_id="w1") == []
+    first = await store.enqueue_rollout({"q": 0})
+    assert [(c.rollout.rollout_id, c.resources) for c in await store.claim_rollouts(worker_id="w1")] == [
+        (first.rollout_id, None)  # the store holds no resources yet
+    ]
+    latest = await store.add_resources(llm("latest"))
+    await store.update_resources("policy", llm("v1"))
+    policy = await store.update_resources("policy", llm("v2"))
+    latest = await store.add_resources(llm("latest"))
+    pinned = await store.enqueue_rollout({"q": 1}, resources_id="policy")
+    unpinned = await store.enqueue_rollout({"q": 2})
+    unknown = await store.enqueue_rollout({"q": 3}, resources_id="not-written-yet")
+
+    claims = await store.claim_rollouts(limit=5, worker_id="w1")
+
+    assert [c.rollout.rollout_id for c in claims] == [pinned.rollout_id, unpinned.rollout_id, unknown.rollout_id]
+    assert [c.resources for c in claims] == [policy, latest, latest]
+    for claim in claims:  # each is a claim as dequeue makes it: a new preparing attempt of this worker
+        assert claim.rollout.status == "preparing" and claim.rollout.attempt.status == "preparing"
+        assert claim.rollout.attempt.worker_id == "w1"
+        attempt = claim.rollout.attempt
+        assert claim.resources == await store.get_attempt_resources(claim.rollout.rollout_id, attempt.attempt_id)
+    assert await store.dequeue_rollout() is None
+
+
+async def test_a_blocking_claim_waits_for_an_enqueue(store: LightningStore) -> None:
+    assert await store.claim_rollouts(timeout=0.05) == []
+    waiting = asyncio.ensure_future(store.claim_rollouts(worker_id="w1", timeout=10))
+    await asyncio.sleep(0.2)
+    enqueued = await store.enqueue_rollout({"q": 1})
+    (claim,) = await asyncio.wait_for(waiting, 10)
+    assert claim.rollout.rollout_id == enqueued.rollout_id and claim.resources is None
+
+
 # Workers -------------------------------------------------------------------------------------------------
 
 

@@ -33,6 +33,19 @@ async def test_wait_times_out_with_the_finished_subset(store: LightningStore) ->
     assert await store.wait_for_rollouts(rollout_ids=[pending.rollout_id], timeout=0) == []
 
 
+async def test_a_rollout_requeued_during_a_wait_is_waited_for_again(store: LightningStore) -> None:
+    first, second = await store.start_rollout(1), await store.start_rollout(2)
+    await store.update_attempt(first.rollout_id, "latest", status="succeeded")
+    waiting = asyncio.ensure_future(
+        store.wait_for_rollouts(rollout_ids=[first.rollout_id, second.rollout_id], timeout=0.8)
+    )
+    await asyncio.sleep(0.2)  # the wait has seen `first` finished
+    await store.update_rollout(first.rollout_id, status="queuing")  # and now it is not
+    await store.update_attempt(second.rollout_id, "latest", status="succeeded")
+    done = await waiting
+    assert [(r.rollout_id, r.status) for r in done] == [(second.rollout_id, "succeeded")]
+
+
 async def test_wait_is_woken_by_completion_from_another_store(store_factory: StoreFactory) -> None:
     waiter, worker = await store_factory(), await store_factory()
     rollouts = [await waiter.enqueue_rollout(i) for i in range(3)]
