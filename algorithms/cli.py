@@ -33,6 +33,7 @@ from algorithms.base import Algorithm, ConfigurationError, load_algorithm, regis
 from algorithms.extras import TRAIN_INSTALL, install_hint, lacks_train_modules, train_extra_missing
 from algorithms.progress import Summary, TrainingProgress, configure_logging, stdout_for_results
 from lightning_store import aio
+from lightning_store.errors import UnauthorizedError
 from lightning_store.logs import LogLevel
 from lightning_store.settings import (
     OptimizerSettings,
@@ -162,6 +163,9 @@ def train(
         int, typer.Option(min=1, help="Attempts each worker runs at once (their LLM calls are decoded together).")
     ] = 1,
     store: Annotated[str | None, typer.Option(help="A store server URL (default: serve one on SQLite).")] = None,
+    token: Annotated[
+        str | None, typer.Option(envvar="LIGHTNING_STORE_TOKEN", help="Bearer token of the --store server.")
+    ] = None,
     resume: Annotated[bool, typer.Option(help="Continue from the newest checkpoint in --output.")] = True,
     policy_server: Annotated[
         str | None, typer.Option(help="transformers (built in, the default) or vllm.", show_default=False)
@@ -245,18 +249,31 @@ def train(
             raise typer.Exit(code=1) from None
         runner_log = output / "runner.log"
         stack.enter_context(
-            runners(agent, url, workers=workers, concurrency=concurrency, log=runner_log, log_level=log_level.value)
+            runners(
+                agent,
+                url,
+                workers=workers,
+                concurrency=concurrency,
+                log=runner_log,
+                log_level=log_level.value,
+                token=token if store else None,
+            )
         )
         served: ServedPolicy | None = None
         if serving is not None and model is not None:
             progress.phase("loading the model")
             served = stack.enter_context(_policy(serving, model, output, log_level))
-        run = _train(instance, url, splits, model, output, steps, resume, served, training, optimizer, progress)
+        connection = (url, token if store else None)
+        run = _train(instance, connection, splits, model, output, steps, resume, served, training, optimizer, progress)
         try:
             history = aio.run(run)["history"]
         except ConfigurationError as error:  # found before any rollout: one line, as a bad option is
             stack.close()
             typer.echo(f"store train: {error}", err=True)  # one line, however wide the terminal
+            raise typer.Exit(code=2) from None
+        except UnauthorizedError as error:  # the --store server wants a token this run does not have
+            stack.close()
+            typer.echo(f"store train: {url}: {error}; pass --token or set LIGHTNING_STORE_TOKEN", err=True)
             raise typer.Exit(code=2) from None
         progress.phase("stopping")
         stack.close()  # the policy server, the runners and the store stop, and the display ends, before the summary
@@ -361,7 +378,7 @@ def _policy(settings: PolicyServerSettings, model: Path, output: Path, log_level
 
 async def _train(
     instance: Any,
-    url: str,
+    connection: tuple[str, str | None],
     splits: Splits,
     model: Path | None,
     output: Path,
@@ -375,7 +392,8 @@ async def _train(
     from algorithms.session import TrainingSession
     from lightning_store.connect import connect
 
-    client = await connect(url)
+    url, token = connection  # the store's URL and its bearer token
+    client = await connect(url, token=token)
     backend = {"trainer": trainer} if trainer is not None else {}  # else the session's default (unused)
     session = TrainingSession(
         store=client,

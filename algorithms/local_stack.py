@@ -85,11 +85,14 @@ def die_with_parent() -> Callable[[], None] | None:
 
 
 @contextlib.contextmanager
-def subprocess_in(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """Runs ``argv`` with its output appended to ``log``; on exit, :func:`terminate`. It gets SIGTERM should this
-    process die without stopping it (:func:`die_with_parent`)."""
+def subprocess_in(argv: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """Runs ``argv`` with its output appended to ``log`` and ``env`` added to this process's environment; on exit,
+    :func:`terminate`. It gets SIGTERM should this process die without stopping it (:func:`die_with_parent`)."""
+    environment = None if env is None else os.environ | env
     with log.open("ab") as sink:
-        process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
+        process = subprocess.Popen(
+            argv, stdout=sink, stderr=subprocess.STDOUT, env=environment, preexec_fn=die_with_parent()
+        )
     try:
         yield process
     finally:
@@ -141,12 +144,20 @@ async def embedded_store_client(directory: Path) -> AsyncIterator[tuple[HttpStor
 
 @contextlib.contextmanager
 def runners(
-    agent: str, url: str, *, workers: int, log: Path, concurrency: int = 1, log_level: str = "info"
+    agent: str,
+    url: str,
+    *,
+    workers: int,
+    log: Path,
+    concurrency: int = 1,
+    log_level: str = "info",
+    token: str | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """``store run agent`` against the store at ``url`` with ``workers`` worker processes, each running
     ``concurrency`` attempts at once, until exit; its log (a JSON line per finished attempt at info) goes to
-    ``log``."""
+    ``log``. ``token``: the server's bearer token, handed over in the environment (not on a command line that
+    ``ps`` shows)."""
     argv = [*store_command(), "run", agent, "--store", url, "--workers", str(workers), "--no-progress"]
     argv += ["--concurrency", str(concurrency), "--log-level", log_level]
-    with subprocess_in(argv, log) as process:
+    with subprocess_in(argv, log, env={"LIGHTNING_STORE_TOKEN": token} if token else None) as process:
         yield process

@@ -172,3 +172,47 @@ def test_store_train_serves_the_policy_with_vllm(tmp_path: Path) -> None:
             " GROUP BY resources_version ORDER BY resources_version"
         ).fetchall()
     assert [version for version, _ in versions] == [1, 2], versions  # before the step, and the evaluation after
+
+
+def test_store_train_sends_its_store_servers_token(tmp_path: Path) -> None:
+    """Against a ``store serve`` that wants a bearer token, ``store train --store URL`` sends ``--token`` (or
+    ``$LIGHTNING_STORE_TOKEN``); without it, one line that says what is missing, not a traceback."""
+    from algorithms.local_stack import wait_healthy
+    from bench.server_ops import free_port, stop
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_STORE_")}
+    serve = [sys.executable, "-m", "lightning_store.cli", "serve", "--port", str(port)]
+    serve += ["--database-url", f"sqlite:///{tmp_path / 'store.db'}"]
+    log = tmp_path / "serve.log"
+    with log.open("wb") as sink:
+        server = subprocess.Popen(
+            serve,
+            env=env | {"LIGHTNING_STORE_TOKEN": "sekret"},
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, server, log)
+        examples = Path(__file__).parents[2] / "examples" / "apo"
+        argv = [sys.executable, "-m", "lightning_store.cli", "train", "--algorithm", "apo"]
+        argv += ["--agent", "examples.apo.agent:answer", "--train", str(examples / "train.jsonl")]
+        argv += ["--config", str(examples / "apo.yaml"), "--workers", "1", "--store", url]
+        argv += ["--optimizer-url", "http://127.0.0.1:9/v1", "--optimizer-model", "stand-in"]
+        cwd = Path(__file__).parents[2]
+
+        def train(*extra: str) -> subprocess.CompletedProcess[str]:
+            out = ["--output", str(tmp_path / f"run{len(extra)}")]
+            return subprocess.run([*argv, *out, *extra], capture_output=True, text=True, timeout=120, cwd=cwd, env=env)
+
+        without = train()
+        assert without.returncode == 2, without.stderr[-2000:]
+        assert without.stderr.strip().splitlines()[-1] == (
+            f"store train: {url}: missing or wrong bearer token; pass --token or set LIGHTNING_STORE_TOKEN"
+        )
+        with_token = train("--token", "sekret")  # past the token: the store it reached holds no prompt yet
+        assert with_token.returncode == 2 and "the store holds no resources" in with_token.stderr, with_token.stderr
+    finally:
+        stop(server)
