@@ -105,17 +105,22 @@ def runner(url: str, agent: str, workers: int, directory: Path) -> Iterator[None
         stop(process)
 
 
+async def ready(store: HttpStore, upstream: str, workers: int) -> None:
+    """Publish the stand-in upstream as the LLM, then wait (up to a minute) until ``workers`` workers have
+    registered, so that process start-up is not measured."""
+    await store.add_resources({"main_llm": LLM(endpoint=upstream, model="echo")})
+    for _ in range(600):
+        if len(await store.query_workers()) >= workers:
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError("the runner's workers did not register")
+
+
 async def measure(url: str, upstream: str, workers: int, rollouts: int) -> tuple[float, float]:
     """Rollouts per second once ``workers`` workers are up, and (untimed) spans per rollout of the first few."""
     store = HttpStore(url)
     try:
-        await store.add_resources({"main_llm": LLM(endpoint=upstream, model="echo")})
-        for _ in range(600):
-            if len(await store.query_workers()) >= workers:
-                break
-            await asyncio.sleep(0.1)
-        else:
-            raise RuntimeError("the runner's workers did not register")
+        await ready(store, upstream, workers)
         started = time.perf_counter()
         enqueued = await store.enqueue_many_rollouts([{"input": {"i": i}} for i in range(rollouts)])  # type: ignore[misc]
         ids = [r.rollout_id for r in enqueued]

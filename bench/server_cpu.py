@@ -34,9 +34,8 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.runner_agents import CALLS
-from bench.runner_throughput import echo_upstream, runner
+from bench.runner_throughput import echo_upstream, ready, runner
 from bench.server_ops import database, log, postgres_answers, server_process
-from lightning_store import LLM
 from lightning_store.client import HttpStore
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -93,13 +92,7 @@ async def measure(url: str, pgid: int, upstream: str, workers: int, rollouts: in
     """Server and Postgres CPU-seconds per rollout over one batch, after a warm-up batch."""
     store = HttpStore(url)
     try:
-        await store.add_resources({"main_llm": LLM(endpoint=upstream, model="echo")})
-        for _ in range(600):
-            if len(await store.query_workers()) >= workers:
-                break
-            await asyncio.sleep(0.1)
-        else:
-            raise RuntimeError("the runner's workers did not register")
+        await ready(store, upstream, workers)
         await _batch(store, WARMUP)
         server0, pg0, wall0 = group_cpu(pgid), postgres_cpu(), asyncio.get_running_loop().time()
         await _batch(store, rollouts)
