@@ -15,8 +15,15 @@ ratio ε 0.2, k3 KL to the starting model with β 0.04, token mean over the batc
 The middleware share is the part of our step spent neither decoding (the policy server's time) nor training:
 the store, the proxy, the runners, the adapter and publishing the new weights.
 
+``--turns N`` makes each rollout a conversation of N calls (the agent appends its reply and the tool's result
+and asks again, so each call's prompt extends the previous prompt and response): ours only (TRL's trainer is
+single-turn), to compare the training time of an N-turn step with a 1-turn one. ``--no-packing`` trains every call
+as a separate sequence (``pack_conversations: false``, ``algorithms.training.packing``), as before conversations
+were packed.
+
     python -m bench.grpo_step --steps 8
     python -m bench.grpo_step --model /path/to/SmolLM2-135M-Instruct --steps 4
+    python -m bench.grpo_step --turns 3 --no-packing --steps 4
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from examples.flight.agent import SYSTEM, choose_tool
 from examples.flight.model import QUESTIONS, build_tool_namer
 from lightning_store import aio
 
+PACKING_METRICS = ("train_sequences", "train_sequence_tokens", "packed_calls", "pack_fallback_calls")
 WARMUP_STEPS = 1  # the first step of either side pays for one-off work (allocations, lazy imports)
 
 
@@ -51,12 +59,13 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         "micro_batch_size": 8,
         "save_every": 0,
         "asynchronous": args.asynchronous,
+        "pack_conversations": not args.no_packing,
     }
 
 
 async def ours(model: Path, args: argparse.Namespace, work: Path) -> dict[str, float]:
     """Median seconds per step of our stack, and the medians of its parts."""
-    tasks = [{"question": q, "steps": 1, "max_tokens": args.max_tokens} for q in QUESTIONS]
+    tasks = [{"question": q, "steps": args.turns, "max_tokens": args.max_tokens} for q in QUESTIONS]
     decode_marks = [0.0]  # the policy server's decode_seconds at the end of each step
     async with embedded_store_client(work / "store") as (store, url):
         with (
@@ -96,6 +105,8 @@ async def ours(model: Path, args: argparse.Namespace, work: Path) -> dict[str, f
                 "publish": h["publish_seconds"],
                 "tokens": h["train_tokens_per_second"] * h["update_seconds"],
                 "reward": h["reward_mean"],
+                "calls": h["transitions"],
+                **{name: h.get(name, 0.0) for name in PACKING_METRICS},
             }
         )
     medians = {key: statistics.median(r[key] for r in rows) for key in rows[0]}
@@ -180,25 +191,43 @@ def main() -> None:
     parser.add_argument(
         "--decode-threads", type=int, help="Threads our policy server decodes with (default: every core)."
     )
+    parser.add_argument("--turns", type=int, default=1, help="LLM calls per rollout (above 1: ours only).")
+    parser.add_argument(
+        "--no-packing",
+        action="store_true",
+        help="Train each call as a separate sequence instead of packing a conversation's calls into one.",
+    )
+    parser.add_argument("--no-trl", action="store_true", help="Time ours only.")
     parser.add_argument(
         "--asynchronous",
         action="store_true",
         help="Ours in asynchronous mode: the next batch is sampled (one version stale) while the trainer updates.",
     )
     args = parser.parse_args()
+    compare = not args.no_trl and args.turns == 1
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         # Both sides do their tensor work on the same one thread (algorithms.tensor_thread explains why).
         model = args.model or tensor_thread.call(build_tool_namer, work / "model")
-        print(f"model {model.name}, {args.prompts}×{args.group} completions of ≤{args.max_tokens} tokens per step")
+        print(
+            f"model {model.name}, {args.prompts}×{args.group} rollouts of {args.turns} call(s) of ≤{args.max_tokens}"
+            f" tokens per step, packing {'off' if args.no_packing else 'on'}"
+        )
         mine = aio.run(ours(model, args, work))
-        theirs = tensor_thread.call(trl, model, args, work)
+        theirs = tensor_thread.call(trl, model, args, work) if compare else None
     middleware = mine["store_proxy_runners"] + mine["adapt"] + mine["publish"]
     print(f"{'':>22} {'s/step':>8} {'mean':>6} {'tokens':>8} {'reward':>7}")
-    for name, side in (("ours", mine), ("TRL GRPOTrainer", theirs)):
+    sides = [("ours", mine), *([("TRL GRPOTrainer", theirs)] if theirs is not None else [])]
+    for name, side in sides:
         print(f"{name:>22} {side['step']:8.2f} {side['mean_step']:6.2f} {side['tokens']:8.0f} {side['reward']:7.2f}")
-    print(f"ratio TRL/ours (above 1: ours is faster): {theirs['step'] / mine['step']:.2f} (means: ", end="")
-    print(f"{theirs['mean_step'] / mine['mean_step']:.2f})")
+    if theirs is not None:
+        print(f"ratio TRL/ours (above 1: ours is faster): {theirs['step'] / mine['step']:.2f} (means: ", end="")
+        print(f"{theirs['mean_step'] / mine['mean_step']:.2f})")
+    print(
+        f"calls per step {mine['calls']:.0f}: trained in {mine['train_sequences']:.0f} sequences,"
+        f" {mine['packed_calls']:.0f} packed, {mine['pack_fallback_calls']:.0f} fell back;"
+        f" {mine['train_sequence_tokens']:.0f} sequence tokens, {mine['train']:.2f} s training (medians)"
+    )
     if args.asynchronous:
         # Decoding the next batch overlaps this step's update, so the parts do not add up to the step.
         parts = ("collect", "adapt", "train", "publish")

@@ -10,7 +10,8 @@ that batch, divided by the rollouts, is the server's CPU per rollout. The same i
 (every process named ``postgres`` on the machine: run nothing else against it meanwhile).
 
 * ``noop``: the agent returns a reward at once, so the server's CPU is the lifecycle's: enqueue (one call for
-  the batch), claim, status updates, resources, spans, end, heartbeats and waits.
+  the batch), the claim (which carries the resources), the end (which carries the attempt's spans), heartbeats,
+  and the waits of the batch's caller.
 * ``six_calls``: six chat calls through the proxy to a stand-in upstream that answers at once
   (``bench/echo_upstream.py``, not a model). CPU per proxied call = (six_calls − noop per rollout) / 6: forwarding,
   recording the call and its span.

@@ -210,7 +210,13 @@ class LightningStore(Protocol):
         ``update_attempt(rollout_id, attempt_id, status=…, metadata=…, if_current=True)`` would, and its result
         is the ended attempt, or None where the attempt was no longer current (nothing written for that entry).
         An invalid or unknown entry raises ``InvalidRequestError``/``NotFoundError`` naming it (``ends.3.status``)
-        and nothing at all is written. At most 1000 entries per call."""
+        and nothing at all is written. At most 1000 entries per call.
+
+        An entry's ``spans`` (the attempt's last spans: one request where a runner made two) are stored in the
+        same transaction, whether or not the entry applied, as ``add_many_spans(spans,
+        allocate_sequence_ids=True)`` stores them, except that they are not heartbeats (the end decides the
+        attempt's status). Each must name the entry's rollout and attempt, and the entry its attempt by id (not
+        ``latest``), or the call is refused naming the span (``ends.1.spans.0.attempt_id``)."""
         ...
 
     # Spans -----------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from lightning_store.limits import Id
 from lightning_store.resources import ResourcesUpdate
+from lightning_store.spans import Span
 
 RolloutStatus = Literal["queuing", "preparing", "running", "failed", "succeeded", "cancelled", "requeuing"]
 AttemptStatus = Literal["preparing", "running", "failed", "succeeded", "unresponsive", "timeout"]
@@ -122,7 +123,9 @@ class EnqueueRolloutRequest(BaseModel):
 
 class AttemptEnd(BaseModel):
     """An attempt's final status, as a runner reports it (:meth:`LightningStore.end_attempts`, an addition);
-    ``metadata``, when given, replaces the attempt's."""
+    ``metadata``, when given, replaces the attempt's. ``spans``, when given, are the attempt's last spans, stored
+    in the same transaction (see ``end_attempts``): each names this entry's rollout and attempt, and its own
+    ``sequence_id`` is ignored (it gets the next value of its rollout's counter)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -130,6 +133,7 @@ class AttemptEnd(BaseModel):
     attempt_id: Id
     status: EndedAttemptStatus
     metadata: dict[str, Any] | None = None
+    spans: list[Span] | None = None
 
 
 class Worker(BaseModel):

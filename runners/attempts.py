@@ -16,8 +16,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from lightning_store.contract import UNSET, LightningStore
-from lightning_store.errors import ConflictError
-from lightning_store.models import AttemptEnd, AttemptStatus, EndedAttemptStatus
+from lightning_store.errors import ConflictError, InvalidRequestError, NotFoundError
+from lightning_store.models import Attempt, AttemptEnd, AttemptStatus, EndedAttemptStatus
+from lightning_store.spans import Span
 from runners.resilience import UNREACHABLE, persist
 
 logger = logging.getLogger(__name__)
@@ -106,11 +107,15 @@ class EndBatcher:
         self._queued: list[tuple[AttemptEnd, asyncio.Future[bool]]] = []
         self._sender: asyncio.Task[None] | None = None
 
-    async def end(self, rollout_id: str, attempt_id: str, status: EndedAttemptStatus) -> bool:
-        """Report the attempt's final status: True once the store took it, False when the attempt was no longer
-        current (nothing written; the store's verdict stands). Raises what the store raised for its batch."""
+    async def end(
+        self, rollout_id: str, attempt_id: str, status: EndedAttemptStatus, spans: list[Span] | None = None
+    ) -> bool:
+        """Report the attempt's final status, with its last ``spans`` (stored with it, see
+        ``LightningStore.end_attempts``): True once the store took it, False when the attempt was no longer
+        current (no status written; the store's verdict stands). Raises what the store raised for its batch."""
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._queued.append((AttemptEnd(rollout_id=rollout_id, attempt_id=attempt_id, status=status), future))
+        end = AttemptEnd(rollout_id=rollout_id, attempt_id=attempt_id, status=status, spans=spans or None)
+        self._queued.append((end, future))
         if self._sender is None:
             self._sender = asyncio.create_task(self._send())
         return await future
@@ -120,9 +125,8 @@ class EndBatcher:
         try:
             while self._queued:
                 batch, self._queued = self._queued[: self.MAX_BATCH], self._queued[self.MAX_BATCH :]
-                call = functools.partial(self.store.end_attempts, [end for end, _ in batch])
                 try:
-                    ended = await persist(call, what="report status")
+                    ended = await self._report([end for end, _ in batch])
                 except Exception as error:
                     _settle(batch, error)
                     continue
@@ -135,6 +139,38 @@ class EndBatcher:
             raise
         finally:
             self._sender = None
+
+    async def _report(self, ends: list[AttemptEnd]) -> list[Attempt | None]:
+        try:
+            return await persist(functools.partial(self.store.end_attempts, ends), what="report status")
+        except InvalidRequestError as error:
+            if not any(end.spans for end in ends):
+                raise
+            # A span the store refuses must not cost the batch its statuses, nor the attempt its other spans
+            # (its reward among them): the spans go apart, then the statuses.
+            logger.warning("the store refused the spans sent with %d attempt ends (%s); sent apart", len(ends), error)
+            for end in ends:
+                await self._write_apart(end.spans or [])
+            bare = [end.model_copy(update={"spans": None}) for end in ends]
+            return await persist(functools.partial(self.store.end_attempts, bare), what="report status")
+
+    async def _write_apart(self, spans: list[Span]) -> None:
+        """``spans`` in one write, or else one by one, leaving out (and logging) only those the store refuses."""
+        if not spans:
+            return
+        try:
+            await self._write_spans(spans)
+            return
+        except (InvalidRequestError, NotFoundError):
+            pass
+        for span in spans:
+            try:
+                await self._write_spans([span])
+            except (InvalidRequestError, NotFoundError) as refused:
+                logger.warning("the store refused a span of %s: %s", span.attempt_id, refused)
+
+    async def _write_spans(self, spans: list[Span]) -> None:
+        await persist(functools.partial(self.store.add_many_spans, spans, allocate_sequence_ids=True), what="spans")
 
 
 def _settle(entries: list[tuple[AttemptEnd, asyncio.Future[bool]]], error: BaseException) -> None:

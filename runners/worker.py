@@ -27,6 +27,7 @@ from lightning_store.contract import LightningStore
 from lightning_store.errors import ConflictError
 from lightning_store.models import AttemptedRollout, Claim, EndedAttemptStatus
 from lightning_store.resources import ResourcesUpdate
+from lightning_store.spans import Span
 from runners.agent import AgentSignatureError, RolloutAgent
 from runners.attempts import RELEASE_SECONDS, EndBatcher, outcome, tally
 from runners.endpoint import MissingLLMError, agent_llm, bind_resources, missing_llm_message
@@ -177,15 +178,19 @@ class Worker:
             # revives a preparing attempt on either, as Agent Lightning's does), one write fewer per rollout.
             with tracer.attempt(rollout_id, attempt_id):
                 status, hung, reward = await self._run_agent(claimed, timeout, resources)
-            if not await tracer.flush():
-                logger.warning("spans of %s were not all written before the flush timed out", attempt_id)
             if hung:
                 # The agent's thread cannot be stopped: the process must end before the attempt is reported,
                 # or the rollout could run again while it still runs. The supervisor reports the timeout.
+                if not await tracer.flush():
+                    logger.warning("spans of %s were not all written before the flush timed out", attempt_id)
                 raise AgentHung(attempt_id, f"agent of {rollout_id} overran its {timeout} s timeout in a thread")
+            # The spans not written yet go with the status: one request (and transaction) instead of two.
+            last_spans, flushed = await tracer.last_spans(attempt_id)
+            if not flushed:
+                logger.warning("spans of %s were not all written before the flush timed out", attempt_id)
             if lost := tracer.lost_spans(attempt_id):
                 logger.warning("%d spans of %s could not be written", lost, attempt_id)
-            await self._finish(rollout_id, attempt_id, status)
+            await self._finish(rollout_id, attempt_id, status, last_spans)
         except AttemptLost:
             status, reward = "timeout", None  # not ours any more: its reward does not count
             self.stats.outcomes[status] += 1
@@ -292,9 +297,9 @@ class Worker:
         stats = self.stats.as_heartbeat(list(self.in_flight.values()))
         await self.store.update_worker(self.worker_id, heartbeat_stats=stats)
 
-    async def _finish(self, rollout_id: str, attempt_id: str, status: EndedAttemptStatus) -> None:
+    async def _finish(self, rollout_id: str, attempt_id: str, status: EndedAttemptStatus, spans: list[Span]) -> None:
         # Batched with the other attempts' ends (one request for all that end while one is in flight).
-        if not await self._ends.end(rollout_id, attempt_id, status):
+        if not await self._ends.end(rollout_id, attempt_id, status, spans):
             raise AttemptLost(attempt_id)  # the watchdog decided first; its status stands
         self.stats.outcomes[outcome(status)] += 1
 

@@ -61,3 +61,11 @@ def faulty_sync(task: dict[str, Any], rollout: AttemptedRollout) -> float:
             raise ValueError("injected")
     time.sleep(task.get("sleep", 0))
     return 1.0
+
+
+@rollout
+async def refused_span_agent(task: dict[str, Any]) -> float:
+    """Emits a span the store refuses (a NUL character), one it takes, then a reward."""
+    emit_message("before \x00 after")
+    emit_message("kept")
+    return float(task["x"])

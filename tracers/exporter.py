@@ -31,6 +31,10 @@ class StoreSpanExporter(SpanExporter):
     rollout's counter in the store, in the order the spans ended (allocated by the write itself: one request per
     batch). A batch naming an attempt the store does not know is written attempt by attempt so that the others
     still land; spans that could not be written are counted per attempt (:meth:`take_failures`).
+
+    An attempt can be *held* (:meth:`hold`): its spans that come through without a sequence id of their own are
+    then kept back instead of written, until :meth:`take` hands them over (a runner sends them with the attempt's
+    end: one request where it made two).
     """
 
     def __init__(self, store: LightningStore, loop: asyncio.AbstractEventLoop, *, timeout: float = 60.0) -> None:
@@ -39,9 +43,11 @@ class StoreSpanExporter(SpanExporter):
         self._timeout = timeout
         self._failures: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self._holding: set[str] = set()
+        self._held: defaultdict[str, list[Span]] = defaultdict(list)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        bound = [s for s in spans if s.attributes and semconv.ATTEMPT_ID in s.attributes]
+        bound = self._keep_held([s for s in spans if s.attributes and semconv.ATTEMPT_ID in s.attributes])
         if not bound:
             return SpanExportResult.SUCCESS
         if self._loop.is_closed():
@@ -56,6 +62,32 @@ class StoreSpanExporter(SpanExporter):
             self._count_failed(bound)
             return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
+
+    def hold(self, attempt_id: str) -> None:
+        """Keep the attempt's spans back from now on (those without a sequence id of their own)."""
+        with self._lock:
+            self._holding.add(attempt_id)
+
+    def take(self, attempt_id: str) -> list[Span]:
+        """The attempt's spans kept back since :meth:`hold`, in the order they ended (sequence id 0: the store
+        allocates them); from now on its spans are written again."""
+        with self._lock:
+            self._holding.discard(attempt_id)
+            return self._held.pop(attempt_id, [])
+
+    def _keep_held(self, bound: list[ReadableSpan]) -> list[ReadableSpan]:
+        """``bound`` less the spans of held attempts, which are kept back."""
+        with self._lock:
+            if not self._holding:
+                return bound
+            written = []
+            for span in bound:
+                attempt_id = _ids(span)[1]
+                if attempt_id in self._holding and _sequence_id(span) is None:
+                    self._held[attempt_id].append(_converted(span, 0))
+                else:
+                    written.append(span)
+            return written
 
     def take_failures(self, attempt_id: str) -> int:
         """How many spans of this attempt could not be written since the last call (and reset the count)."""

@@ -10,6 +10,7 @@ from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 from lightning_store.contract import LightningStore
+from lightning_store.spans import Span
 from tracers import provider
 from tracers.binding import AttemptBinding, bind_attempt
 from tracers.exporter import StoreSpanExporter
@@ -98,6 +99,19 @@ class Tracer:
         # Registered first, so it runs before the waiters wake: they find no run and start the next one.
         if self._flush_run is run:
             self._flush_run = None
+
+    async def last_spans(self, attempt_id: str, timeout: float = 60.0) -> tuple[list[Span], bool]:
+        """:meth:`flush`, except that the attempt's spans not written yet are returned instead (for the caller to
+        send with the attempt's end, one request where it made two), and whether the flush completed. With an
+        exporter other than the store's, a plain flush: no spans are returned."""
+        if not isinstance(self.exporter, StoreSpanExporter):
+            return [], await self.flush(timeout)
+        self.exporter.hold(attempt_id)
+        try:
+            flushed = await self.flush(timeout)
+        finally:
+            kept = self.exporter.take(attempt_id)
+        return kept, flushed
 
     def lost_spans(self, attempt_id: str) -> int:
         """Spans of the attempt the store refused or could not be reached for (since the last call)."""

@@ -50,9 +50,17 @@ class LightningRLConfig(AlgorithmConfig):
     learning_rate: float = Field(1e-5, gt=0, description="AdamW learning rate.")
     clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO-style clip range of the importance ratio (ε).")
     kl_beta: float = Field(0.04, ge=0, description="Weight of the k3 KL to the frozen reference policy (β).")
-    micro_batch_size: int = Field(8, ge=1, description="Transitions per forward/backward pass.")
+    micro_batch_size: int = Field(
+        8, ge=1, description="Sequences per forward/backward pass (a call each, or a packed conversation's calls)."
+    )
     mini_batches: int = Field(1, ge=1, description="Optimizer steps per epoch over a step's transitions.")
     epochs: int = Field(1, ge=1, description="Passes over a step's transitions.")
+    pack_conversations: bool = Field(
+        True,
+        description="Train the calls of one conversation whose prompts extend the previous call's prompt +"
+        " response in one sequence (each call keeps its own transition, advantages and loss terms; the loss is"
+        " that of separate sequences); False: every call is a sequence of its own.",
+    )
     max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping norm (None: no clipping).")
     credit: Literal["identical", "discounted", "air"] = Field("identical", description="Credit assignment.")
     gamma: float = Field(1.0, gt=0, le=1, description="Discount of the `discounted` credit assignment.")
@@ -225,7 +233,8 @@ class LightningRL(Algorithm):
         c = self.config
         # One optimizer step per batch: the policy before it is the policy differentiated, no separate pass.
         single_step = c.epochs == 1 and c.mini_batches == 1
-        rollouts = measure(policy, transitions, c.micro_batch_size, old_logprobs=not single_step)
+        packing = c.pack_conversations
+        rollouts = measure(policy, transitions, c.micro_batch_size, old_logprobs=not single_step, packing=packing)
         estimate = self.advantages(transitions, rollouts)
         metrics = dict(estimate.metrics)
         metrics["trained_transitions"] = float(len(estimate.keep))
@@ -242,8 +251,9 @@ class LightningRL(Algorithm):
             **self.update_options(),
         )
         kept = [transitions[i] for i in estimate.keep]
-        anchors = anchor(policy, others, c.micro_batch_size, c.anchor_beta) if others else None
-        job = UpdateJob(kept, estimate.per_token, rollouts.select(estimate.keep), settings, estimate.returns, anchors)
+        anchors = anchor(policy, others, c.micro_batch_size, c.anchor_beta, packing=packing) if others else None
+        selected = rollouts.select(estimate.keep)
+        job = UpdateJob(kept, estimate.per_token, selected, settings, estimate.returns, anchors, packing=packing)
         return metrics | trainer.update(job)
 
     def update_options(self) -> dict[str, float]:

@@ -2,7 +2,9 @@
 reference policy for the KL term, an optional value head (PPO) and optional LoRA (peft).
 
 A transition is one LLM call, so a row is ``prompt ids + response ids`` with nothing masked inside: the
-response tokens are exactly the positions whose log-probabilities are trained.
+response tokens are exactly the positions whose log-probabilities are trained. A row may also hold several calls
+of one conversation whose prompts extend each other (:mod:`algorithms.training.packing`): each call's response
+tokens are then read at their own positions, and the results are still one row per call.
 """
 
 from __future__ import annotations
@@ -23,12 +25,16 @@ ADAPTER_DIR = "adapter"
 @dataclass
 class TokenBatch:
     """Rows of ``prompt + response`` aligned so that every prompt ends at the same column ``P``: prompts padded
-    on the left, responses on the right, so that column ``P - 1 + t`` predicts response token ``t`` in every
-    row. ``position_ids`` count real tokens only (a row's padding does not shift its rotary positions);
-    ``response_mask`` is 1 on real response tokens.
+    on the left, responses on the right. ``position_ids`` count real tokens only (a row's padding does not shift
+    its rotary positions). A row may hold several calls of one conversation (:mod:`algorithms.training.packing`):
+    its tokens are its last call's prompt + response and every earlier call's prompt + response is a prefix of
+    them. Per call (``C`` of them, rows' calls in order): ``response_ids`` and ``response_mask`` ``[C, T]`` (1 on
+    real response tokens), and the ``row`` ``[C]`` and ``columns`` ``[C, T]`` whose logits predict each response
+    token (a padding token points at a real column of its call, masked out).
 
-    Why aligned: the logits of the response tokens are then the last ``T + 1`` columns of every row, so the
-    model computes the vocabulary projection for those alone (``logits_to_keep``), not for every prompt token.
+    Why aligned: when every row holds one call (``aligned``), column ``P - 1 + t`` predicts response token ``t``
+    in every row, the logits of the response tokens are the last ``T + 1`` columns, and the model computes the
+    vocabulary projection for those alone (``logits_to_keep``), not for every prompt token.
     """
 
     input_ids: torch.Tensor
@@ -36,26 +42,58 @@ class TokenBatch:
     position_ids: torch.Tensor
     response_ids: torch.Tensor
     response_mask: torch.Tensor
+    rows: torch.Tensor
+    columns: torch.Tensor
+    aligned: bool
 
 
-def token_batch(rows: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int) -> TokenBatch:
-    """The :class:`TokenBatch` of ``(prompt_ids, response_ids)`` rows; every row needs a prompt token."""
-    if any(not prompt for prompt, _ in rows):
+Call = tuple[Sequence[int], Sequence[int]]
+"""One call's ``(prompt_ids, response_ids)``."""
+
+
+def token_batch(rows: Sequence[Call], pad_id: int) -> TokenBatch:
+    """The :class:`TokenBatch` of ``(prompt_ids, response_ids)`` rows, one call each; every row needs a prompt
+    token."""
+    return packed_token_batch([[row] for row in rows], pad_id)
+
+
+def packed_token_batch(rows: Sequence[Sequence[Call]], pad_id: int) -> TokenBatch:
+    """The :class:`TokenBatch` of rows of calls (in call order): a row's tokens are its last call's; every call
+    needs a prompt token, and an earlier call's prompt + response must be a prefix of its row's tokens."""
+    calls = [call for row in rows for call in row]
+    if any(not prompt for prompt, _ in calls):
         raise ValueError("a transition needs at least one prompt token")
-    prompt_width = max(len(p) for p, _ in rows)
-    longest = max(len(r) for _, r in rows)
-    input_ids = torch.full((len(rows), prompt_width + longest), pad_id, dtype=torch.long)
+    prompt_width = max(len(row[-1][0]) for row in rows)
+    width = prompt_width + max(len(row[-1][1]) for row in rows)
+    longest = max(len(r) for _, r in calls)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attention = torch.zeros_like(input_ids)
-    response_ids = torch.full((len(rows), longest), pad_id, dtype=torch.long)
-    response_mask = torch.zeros((len(rows), longest))
-    for i, (prompt, response) in enumerate(rows):
-        start, end = prompt_width - len(prompt), prompt_width + len(response)
-        input_ids[i, start:end] = torch.tensor([*prompt, *response])
-        attention[i, start:end] = 1
-        response_ids[i, : len(response)] = torch.tensor(list(response), dtype=torch.long)
-        response_mask[i, : len(response)] = 1
+    response_ids = torch.full((len(calls), longest), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((len(calls), longest))
+    call_rows = torch.zeros(len(calls), dtype=torch.long)
+    columns = torch.zeros((len(calls), longest), dtype=torch.long)
+    steps = torch.arange(longest)
+    c = 0
+    for i, row in enumerate(rows):
+        prompt, response = row[-1]
+        tokens = [*prompt, *response]
+        start = prompt_width - len(prompt)
+        input_ids[i, start : start + len(tokens)] = torch.tensor(tokens)
+        attention[i, start : start + len(tokens)] = 1
+        for call_prompt, call_response in row:
+            end = len(call_prompt) + len(call_response)
+            if tokens[:end] != [*call_prompt, *call_response]:
+                raise ValueError("a packed call's prompt + response must be a prefix of its row's tokens")
+            response_ids[c, : len(call_response)] = torch.tensor(list(call_response), dtype=torch.long)
+            response_mask[c, : len(call_response)] = 1
+            call_rows[c] = i
+            # The column before token t predicts it; padding tokens repeat the call's first column (masked out).
+            first = start + len(call_prompt) - 1
+            columns[c] = first + torch.where(steps < len(call_response), steps, 0)
+            c += 1
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
-    return TokenBatch(input_ids, attention, position_ids, response_ids, response_mask)
+    aligned = all(len(row) == 1 for row in rows)
+    return TokenBatch(input_ids, attention, position_ids, response_ids, response_mask, call_rows, columns, aligned)
 
 
 @dataclass
@@ -121,9 +159,13 @@ class TrainablePolicy:
         self.pad_id: int = pad if pad is not None else (self.tokenizer.eos_token_id or 0)
 
     def forward(self, batch: TokenBatch, *, reference: bool = False) -> Forward:
-        """Log-probabilities (and values) of the batch's response tokens under the policy or its reference."""
+        """Log-probabilities (and values) of the batch's response tokens under the policy or its reference, one
+        row per call (:class:`TokenBatch`)."""
         want_values = self.value_head is not None and not reference
-        keep = batch.response_ids.shape[1] + 1  # the logits at columns P-1 … P+T-1 (see TokenBatch)
+        width = batch.response_ids.shape[1]
+        # Aligned rows: the logits of the last T + 1 columns (P-1 … P+T-1, see TokenBatch). Packed rows: the
+        # columns any call needs, the same for every row (a 1-D ``logits_to_keep``), each call's then gathered.
+        keep: int | torch.Tensor = width + 1 if batch.aligned else torch.unique(batch.columns)
         inputs = {
             "input_ids": batch.input_ids,
             "attention_mask": batch.attention_mask,
@@ -136,11 +178,16 @@ class TrainablePolicy:
         else:
             model = self.reference if reference else self.model
             out = model(**inputs, output_hidden_states=want_values)
-        logits = out.logits[:, :-1].float()  # the last column predicts the token after the longest response
+        rows = batch.rows.unsqueeze(-1)
+        if isinstance(keep, int):
+            logits = out.logits[:, :-1].float()  # the last column predicts the token after the longest response
+        else:
+            logits = out.logits[rows, torch.searchsorted(keep, batch.columns)].float()
         logprobs = torch.log_softmax(logits, dim=-1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
         values = None
         if want_values and self.value_head is not None:
-            hidden = out.hidden_states[-1][:, -keep:-1]
+            last = out.hidden_states[-1]
+            hidden = last[:, -width - 1 : -1] if isinstance(keep, int) else last[rows, batch.columns]
             values = self.value_head(hidden.float()).squeeze(-1)
         return Forward(logprobs, logits, values)
 

@@ -7,6 +7,11 @@ old policy *is* the policy being differentiated, so the old log-probs are the tr
 the separate pass is skipped (a third of the step's compute; TRL does the same with ``num_iterations=1``).
 Each optimizer step accumulates gradients over micro-batches of transitions, normalized by the token count
 of the whole mini-batch, so the micro-batch size changes memory use and not the result.
+
+Every pass runs over *rows* (:mod:`algorithms.training.packing`): the calls of one conversation whose prompts
+extend each other share one sequence, and each call's outputs are read at its own positions, so the loss is the
+one of separate sequences. A row counts as one in a micro-batch (its length is its longest call's), and
+mini-batches are drawn over rows; with packing off every call is a row, as before.
 """
 
 from __future__ import annotations
@@ -16,16 +21,20 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
 from adapters import Transition
 from algorithms.training.optimization import LocalOptimization, Optimization
+from algorithms.training.packing import pack
 from algorithms.training.pg_core import policy_loss, token_entropy_sum, value_loss
-from algorithms.training.policy import Forward, TokenBatch, TrainablePolicy, token_batch
+from algorithms.training.policy import Forward, TrainablePolicy, packed_token_batch
 
 NO_GRAD_BATCHES = 4
 """Micro-batches per forward pass when measuring (no gradients, so no stored activations)."""
+
+Item = TypeVar("Item")
 
 
 @dataclass
@@ -71,8 +80,8 @@ class UpdateSettings:
     seed: int = 0
 
 
-def _chunks(indices: Sequence[int], size: int) -> list[list[int]]:
-    return [list(indices[i : i + size]) for i in range(0, len(indices), size)]
+def _chunks(items: Sequence[Item], size: int) -> list[list[Item]]:
+    return [list(items[i : i + size]) for i in range(0, len(items), size)]
 
 
 def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
@@ -82,8 +91,15 @@ def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
     return out
 
 
-def _batch(policy: TrainablePolicy, transitions: Sequence[Transition], indices: list[int]) -> TokenBatch:
-    return token_batch([(transitions[i].prompt_ids, transitions[i].response_ids) for i in indices], policy.pad_id)
+def _forward(
+    policy: TrainablePolicy, transitions: Sequence[Transition], rows: Sequence[list[int]], *, reference: bool = False
+) -> tuple[Forward, list[int]]:
+    """One pass over ``rows`` (lists of transition indices, see :mod:`algorithms.training.packing`): its outputs,
+    one row per call, and the calls' transition indices in that order."""
+    batch = packed_token_batch(
+        [[(transitions[i].prompt_ids, transitions[i].response_ids) for i in row] for row in rows], policy.pad_id
+    )
+    return policy.forward(batch, reference=reference), [i for row in rows for i in row]
 
 
 @torch.no_grad()
@@ -94,38 +110,55 @@ def measure(
     *,
     old_logprobs: bool = True,
     with_values: bool = True,
+    packing: bool = True,
 ) -> Rollouts:
     """Old (pre-update) log-probs, reference log-probs and values of every transition. With ``old_logprobs``
     False the policy's own pass is skipped unless its value head needs it (``with_values``)
-    (``Rollouts.old_logprobs`` is None)."""
+    (``Rollouts.old_logprobs`` is None). ``packing`` packs conversations (:mod:`algorithms.training.packing`):
+    the same values, fewer sequences."""
     policy.model.eval()
+    count = len(transitions)
     width = max(len(t.response_ids) for t in transitions)
     own_pass = old_logprobs or (with_values and policy.value_head is not None)
-    olds, refs, values, masks = [], [], [], []
+    mask = _pad_rows([torch.ones(len(t.response_ids)) for t in transitions], width)
+    olds, refs, values = torch.zeros(count, width), torch.zeros(count, width), torch.zeros(count, width)
+    rows = pack(transitions, enabled=packing).rows
     # Passes without gradients keep no activations: they take several micro-batches at once (on a small model
     # each forward pass costs mostly its fixed overhead).
-    for chunk in _chunks(range(len(transitions)), micro_batch_size * NO_GRAD_BATCHES):
-        batch = _batch(policy, transitions, chunk)
-        masks += list(batch.response_mask)
+    for chunk in _chunks(rows, micro_batch_size * NO_GRAD_BATCHES):
         if own_pass:
-            out = policy.forward(batch)
-            olds += list(out.logprobs)
+            out, calls = _forward(policy, transitions, chunk)
+            _place(olds, calls, out.logprobs)
             if out.values is not None:
-                values += list(out.values)
+                _place(values, calls, out.values)
         if policy.uses_reference:
-            refs += list(policy.forward(batch, reference=True).logprobs)
+            out, calls = _forward(policy, transitions, chunk, reference=True)
+            _place(refs, calls, out.logprobs)
     return Rollouts(
-        old_logprobs=_pad_rows(olds, width) if olds else None,
-        ref_logprobs=_pad_rows(refs, width) if refs else None,
-        values=_pad_rows(values, width) if values else None,
-        mask=_pad_rows(masks, width),
+        old_logprobs=olds * mask if own_pass else None,
+        ref_logprobs=refs * mask if policy.uses_reference else None,
+        values=values * mask if own_pass and policy.value_head is not None else None,
+        mask=mask,
     )
 
 
+def _place(target: torch.Tensor, calls: list[int], rows: torch.Tensor) -> None:
+    """Writes each call's row of ``rows`` ``[C, T]`` into its transition's row of ``target``."""
+    target[calls, : rows.shape[1]] = rows.float()
+
+
 @torch.no_grad()
-def anchor(policy: TrainablePolicy, transitions: Sequence[Transition], micro_batch_size: int, beta: float) -> Anchors:
-    """:class:`Anchors` of ``transitions``: their reference log-probs, measured now (the reference pass only)."""
-    measured = measure(policy, transitions, micro_batch_size, old_logprobs=False, with_values=False)
+def anchor(
+    policy: TrainablePolicy,
+    transitions: Sequence[Transition],
+    micro_batch_size: int,
+    beta: float,
+    *,
+    packing: bool = True,
+) -> Anchors:
+    """:class:`Anchors` of ``transitions``: their reference log-probs, measured now (the reference pass only;
+    ``packing`` as in :func:`measure`)."""
+    measured = measure(policy, transitions, micro_batch_size, old_logprobs=False, with_values=False, packing=packing)
     if measured.ref_logprobs is None:
         raise ValueError("anchors need the policy's reference (TrainablePolicy(reference=True))")
     return Anchors(transitions, measured.ref_logprobs, measured.mask, beta)
@@ -134,28 +167,28 @@ def anchor(policy: TrainablePolicy, transitions: Sequence[Transition], micro_bat
 def _anchor_step(
     policy: TrainablePolicy,
     anchors: Anchors,
-    rows: list[int],
+    rows: list[list[int]],
     settings: UpdateSettings,
     optimization: Optimization,
     totals: dict[str, float],
 ) -> None:
-    """Accumulates the gradient of ``beta`` × the token-mean k3 KL of anchor ``rows`` (the policy-gradient
-    core with zero advantages: only its KL term is left); this rank's share of them."""
-    norm = float(anchors.mask[rows].sum()) / optimization.world
+    """Accumulates the gradient of ``beta`` × the token-mean k3 KL of the anchor calls in ``rows`` (the
+    policy-gradient core with zero advantages: only its KL term is left); this rank's share of them."""
+    norm = float(anchors.mask[[i for row in rows for i in row]].sum()) / optimization.world
     for micro in _shard(rows, settings.micro_batch_size, optimization):
-        out = policy.forward(_batch(policy, anchors.transitions, micro or rows[:1]))
+        out, calls = _forward(policy, anchors.transitions, micro or rows[:1])
         if micro is None:
             optimization.backward(_nothing(out))
             continue
         width = out.logprobs.shape[1]
-        mask = anchors.mask[micro, :width]
+        mask = anchors.mask[calls, :width]
         terms = policy_loss(
             out.logprobs,
             out.logprobs.detach(),
             torch.zeros_like(mask),
             mask,
             clip_eps=settings.clip_eps,
-            ref_logprobs=anchors.ref_logprobs[micro, :width],
+            ref_logprobs=anchors.ref_logprobs[calls, :width],
             kl_beta=anchors.beta,
             total_tokens=norm,
         )
@@ -164,7 +197,7 @@ def _anchor_step(
         totals["anchor_tokens"] += terms.tokens
 
 
-def _shard(rows: list[int], micro_batch_size: int, optimization: Optimization) -> list[list[int] | None]:
+def _shard(rows: list[Item], micro_batch_size: int, optimization: Optimization) -> list[list[Item] | None]:
     """This rank's micro-batches of ``rows`` (every ``world``-th row), padded with ``None`` to the count that
     every rank makes: each backward pass is a collective under ZeRO-2, so all ranks must make as many."""
     mine = _chunks(rows[optimization.rank :: optimization.world], micro_batch_size)
@@ -188,6 +221,8 @@ def update(
     returns: torch.Tensor | None = None,
     anchors: Anchors | None = None,
     optimization: Optimization | None = None,
+    *,
+    packing: bool = True,
 ) -> dict[str, float]:
     """Optimize the policy on ``transitions`` with per-token ``advantages`` ``[N, T]`` (and, for PPO, value
     ``returns``), holding the ``anchors`` near the reference; the step's metrics. The anchors are spread over
@@ -195,7 +230,11 @@ def update(
 
     ``optimization`` turns gradients into steps (default: the policy's own optimizer in this process). Under
     data parallelism every rank calls this with the same arguments and trains its share of each mini-batch;
-    the metrics are the whole batch's on every rank."""
+    the metrics are the whole batch's on every rank.
+
+    ``packing`` trains the calls of a conversation whose prompts extend each other in one sequence
+    (:mod:`algorithms.training.packing`; the anchors' too); the metrics then count them (``packed_calls``,
+    ``pack_fallback_calls``, ``train_sequences``)."""
     optimization = optimization or LocalOptimization(policy, settings.max_grad_norm)
     started = time.perf_counter()
     policy.model.train()
@@ -204,34 +243,35 @@ def update(
     names = ("pg", "kl", "clipped", "tokens", "entropy", "loss", "value_loss", "anchor_kl", "anchor_tokens")
     totals = dict.fromkeys((*names, "mismatch", "mismatch_tokens"), 0.0)
     grad_norms: list[float] = []
-    order = list(range(len(transitions)))
+    packed = pack(transitions, enabled=packing)
+    rows = list(packed.rows)  # each a list of transition indices; shuffled, mini- and micro-batched as units
+    anchor_units = pack(anchors.transitions, enabled=packing).rows if anchors is not None else []
     rng = random.Random(settings.seed)
     for epoch in range(settings.epochs):
-        rng.shuffle(order)
-        mini_size = math.ceil(len(order) / settings.mini_batches)
-        minis = _chunks(order, mini_size)
-        anchor_rows: list[list[int]] = []  # the anchors' share of each mini-batch
-        if anchors is not None and anchors.transitions:
-            count = len(anchors.transitions)
-            anchor_rows = _chunks(range(count), math.ceil(count / len(minis)))
+        rng.shuffle(rows)
+        mini_size = math.ceil(len(rows) / settings.mini_batches)
+        minis = _chunks(rows, mini_size)
+        # the anchors' share of each mini-batch
+        anchor_rows = _chunks(anchor_units, math.ceil(len(anchor_units) / len(minis))) if anchor_units else []
         for index, mini in enumerate(minis):
-            norm = float(rollouts.mask[mini].sum()) / optimization.world  # gradients are averaged over ranks
+            # gradients are averaged over ranks
+            norm = float(rollouts.mask[[i for row in mini for i in row]].sum()) / optimization.world
             for micro in _shard(mini, settings.micro_batch_size, optimization):
-                out = policy.forward(_batch(policy, transitions, micro or mini[:1]))
+                out, calls = _forward(policy, transitions, micro or mini[:1])
                 if micro is None:
                     optimization.backward(_nothing(out))
                     continue
                 width = out.logprobs.shape[1]
-                mask = rollouts.mask[micro, :width]
-                ref = rollouts.ref_logprobs[micro, :width] if rollouts.ref_logprobs is not None else None
+                mask = rollouts.mask[calls, :width]
+                ref = rollouts.ref_logprobs[calls, :width] if rollouts.ref_logprobs is not None else None
                 olds = rollouts.old_logprobs
-                old = out.logprobs.detach() if olds is None else olds[micro, :width]
+                old = out.logprobs.detach() if olds is None else olds[calls, :width]
                 if epoch == 0:
-                    _add_mismatch(totals, [transitions[i].logprobs for i in micro], old)
+                    _add_mismatch(totals, [transitions[i].logprobs for i in calls], old)
                 terms = policy_loss(
                     out.logprobs,
                     old,
-                    advantages[micro, :width],
+                    advantages[calls, :width],
                     mask,
                     clip_eps=settings.clip_eps,
                     ref_logprobs=ref,
@@ -242,8 +282,8 @@ def update(
                 if out.values is not None and returns is not None and rollouts.values is not None:
                     v_loss = value_loss(
                         out.values,
-                        rollouts.values[micro, :width],
-                        returns[micro, :width],
+                        rollouts.values[calls, :width],
+                        returns[calls, :width],
                         mask,
                         clip=settings.value_clip,
                         total_tokens=norm,
@@ -272,6 +312,7 @@ def update(
         "grad_norm": sum(grad_norms) / len(grad_norms),
         "update_seconds": seconds,
         "train_tokens_per_second": totals["tokens"] / seconds,
+        **packed.metrics(),  # the same on every rank: each packs the whole batch
     }
     if settings.epochs * settings.mini_batches > 1:
         # With one optimizer step the ratio is 1 on every token (the old policy is the one being differentiated),
@@ -296,6 +337,9 @@ class UpdateJob:
     settings: UpdateSettings
     returns: torch.Tensor | None = None
     anchors: Anchors | None = None
+    packing: bool = True
+    """Pack conversations (:func:`update`): part of the job, so that a data-parallel trainer's ranks all do as the
+    rank that built it says."""
 
     def run(self, policy: TrainablePolicy, optimization: Optimization | None = None) -> dict[str, float]:
         """:func:`update` with these inputs; the batch's metrics."""
@@ -308,6 +352,7 @@ class UpdateJob:
             self.returns,
             self.anchors,
             optimization,
+            packing=self.packing,
         )
 
 

@@ -3,8 +3,9 @@
 Each proxied call needs a span sequence id, a span and an :class:`~lightning_store.llm_calls.LlmCall`: two
 write transactions, and on SQLite every write waits for the one before it. With many attempts calling the LLM
 at once that made the proxy the store's busiest writer. The recorder queues the records and one task writes
-whatever has queued up: one span write (which allocates the sequence ids) and one LLM-call write per batch. There is no
-batching window: the first record is written at once, and the records that arrive while a batch is being
+whatever has queued up, in one write transaction per batch: the spans (allocating their sequence ids) and the LLM
+calls (the SQL store's ``record_llm_calls``; another store gets two writes, spans then calls). There is no batching
+window: the first record is written at once, and the records that arrive while a batch is being
 written form the next one, so batches grow only when writes are the bottleneck.
 
 An attempt's records must be in the store before its final status is, or a trainer that wakes on the status could
@@ -87,6 +88,10 @@ class CallRecorder:
 
     async def _write(self, batch: Sequence[CallRecord]) -> None:
         built = [record.build(0) for record in batch]
+        record_llm_calls = getattr(self.store, "record_llm_calls", None)
+        if record_llm_calls is not None:  # the SQL store: spans and calls in one transaction
+            await record_llm_calls(built)
+            return
         added = await self.store.add_many_spans([span for span, _ in built], allocate_sequence_ids=True)
         numbers = {(span.attempt_id, span.span_id): span.sequence_id for span in added}
         # A call whose span was already stored (a duplicate) was recorded with it.

@@ -10,26 +10,22 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from lightning_store.contract import UNSET, Unset
-from lightning_store.errors import ConflictError, InvalidRequestError, NotFoundError
+from lightning_store.errors import ConflictError, NotFoundError
 from lightning_store.models import (
     ACTIVE_ATTEMPT_STATUSES,
     ATTEMPT_STATUSES,
     Attempt,
-    AttemptEnd,
     AttemptStatus,
     PaginatedResult,
     RolloutConfig,
     SortOrder,
 )
 from lightning_store.sql import transitions, validate
-from lightning_store.sql.attempt_ends import apply_ends
 from lightning_store.sql.base import SqlBase, Wakeups
+from lightning_store.sql.dialect import among
 from lightning_store.sql.paging import fetch_page
 from lightning_store.sql.rows import attempt_from_row
 from lightning_store.sql.schema import attempts
-
-MAX_ENDS = 1000
-"""The most attempt ends one ``end_attempts`` call takes."""
 
 ATTEMPT_SORTABLE = ("sequence_id", "attempt_id", "start_time", "end_time", "status", "worker_id", "last_heartbeat_time")
 
@@ -41,7 +37,7 @@ class AttemptOps(SqlBase):
             return {}
         later = attempts.alias("later")
         query = sa.select(attempts).where(
-            attempts.c.rollout_id.in_(set(rollout_ids)),
+            among(self.dialect, attempts.c.rollout_id, set(rollout_ids)),
             ~sa.exists().where(
                 later.c.rollout_id == attempts.c.rollout_id, later.c.sequence_id > attempts.c.sequence_id
             ),
@@ -101,17 +97,6 @@ class AttemptOps(SqlBase):
                 if_current=if_current,
                 now=time.time(),
             )
-
-    async def end_attempts(self, ends: Sequence[AttemptEnd]) -> list[Attempt | None]:
-        checked = [
-            e if type(e) is AttemptEnd else validate.model(AttemptEnd, e, f"ends.{i}") for i, e in enumerate(ends)
-        ]
-        if len(checked) > MAX_ENDS:
-            raise InvalidRequestError(f"ends: at most {MAX_ENDS} per call; got {len(checked)}", field="ends")
-        if not checked:
-            return []
-        async with self._write() as (conn, wakeups):
-            return await apply_ends(conn, wakeups, self.dialect, checked, time.time())
 
     async def _update_in(
         self,

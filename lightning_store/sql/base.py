@@ -51,6 +51,11 @@ class SqlBase:
         self.settings = settings
         self.dialect = engine.dialect.name
         self.is_sqlite = is_sqlite(url)
+        # Reads on Postgres run outside a transaction: at READ COMMITTED (Postgres's default, and the store's)
+        # each statement takes its own snapshot whether or not a transaction surrounds it, so BEGIN and COMMIT
+        # bought nothing but two round trips per read (a proxied LLM call reads its attempt's resources). On
+        # SQLite a read transaction holds one snapshot for all its statements, and costs no trip of its own.
+        self._reader = engine if self.is_sqlite else engine.execution_options(isolation_level="AUTOCOMMIT")
         self.topics = {name: Topic() for name in TOPICS}
         self._write_lock = asyncio.Lock()
         self._started_at = time.time()
@@ -64,9 +69,15 @@ class SqlBase:
 
     @contextlib.asynccontextmanager
     async def _read(self) -> AsyncIterator[AsyncConnection]:
+        """A connection for reads: a read transaction on SQLite (one snapshot); on Postgres, autocommit, each
+        statement with its own snapshot as in a READ COMMITTED transaction, without the BEGIN/COMMIT trips."""
         with unavailable_as_error():
-            async with self.engine.connect() as conn, conn.begin():
-                yield conn
+            async with self._reader.connect() as conn:
+                if not self.is_sqlite:
+                    yield conn
+                    return
+                async with conn.begin():
+                    yield conn
 
     @contextlib.asynccontextmanager
     async def _write(self) -> AsyncIterator[tuple[AsyncConnection, Wakeups]]:

@@ -9,15 +9,16 @@ import sqlalchemy as sa
 
 from lightning_store.errors import NotFoundError
 from lightning_store.llm_calls import LlmCall
+from lightning_store.spans import Span
 from lightning_store.sql import validate
-from lightning_store.sql.base import SqlBase
 from lightning_store.sql.dialect import insert_ignoring_conflicts
 from lightning_store.sql.schema import attempts, llm_calls
+from lightning_store.sql.spans import SpanOps
 
 LLM_CALL_FIELDS = tuple(LlmCall.model_fields)
 
 
-class LlmCallOps(SqlBase):
+class LlmCallOps(SpanOps):
     @functools.cached_property
     def _insert_llm_calls(self) -> sa.Insert:
         return insert_ignoring_conflicts(self.dialect, llm_calls, ["rollout_id", "attempt_id", "span_id"])
@@ -43,6 +44,29 @@ class LlmCallOps(SqlBase):
                         field=f"calls.{i}.attempt_id",
                     )
             await conn.execute(self._insert_llm_calls, [r.model_dump(mode="json") for r in records])
+
+    async def record_llm_calls(self, records: Sequence[tuple[Span, LlmCall | None]]) -> list[Span]:
+        """What the LLM proxy records of a batch of calls, in one transaction (not part of the contract: the
+        server's :class:`~lightning_store.server.recorder.CallRecorder` uses it where its store has it): each
+        call's span, as ``add_many_spans(…, allocate_sequence_ids=True)`` stores it, and the call's
+        :class:`LlmCall` with the sequence id its span got, unless the span was a duplicate (the call was
+        recorded with it). Returns the new spans. An unknown attempt raises ``NotFoundError`` (nothing written).
+
+        Why one transaction: a batch used to be two writes (its spans, then its calls, which checked the
+        attempts again); every proxied call pays for the recorder's writes."""
+        if not records:
+            return []
+        async with self._write() as (conn, _):
+            added = await self._add_spans(conn, [span for span, _ in records], allocate_sequence_ids=True)
+            numbers = {(span.attempt_id, span.span_id): span.sequence_id for span in added}
+            calls = [
+                call.model_copy(update={"sequence_id": numbers[key]}).model_dump(mode="json")
+                for _, call in records
+                if call is not None and (key := (call.attempt_id, call.span_id)) in numbers
+            ]
+            if calls:
+                await conn.execute(self._insert_llm_calls, calls)
+        return added
 
     async def query_llm_calls(self, rollout_ids: Sequence[str], *, attempt_id: str | None = None) -> list[LlmCall]:
         query = sa.select(*(llm_calls.c[name] for name in LLM_CALL_FIELDS)).where(

@@ -12,13 +12,14 @@ from typing import Any
 
 import sqlalchemy as sa
 from pydantic import TypeAdapter, ValidationError
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from lightning_store.errors import InvalidRequestError, NotFoundError
 from lightning_store.models import PaginatedResult, SortOrder
 from lightning_store.resources import NamedResources, ResourcesUpdate
 from lightning_store.sql import validate
 from lightning_store.sql.base import SqlBase
-from lightning_store.sql.dialect import contains_text, upsert
+from lightning_store.sql.dialect import among, contains_text, upsert
 from lightning_store.sql.paging import fetch_page
 from lightning_store.sql.rows import new_id, resources_from_row
 from lightning_store.sql.schema import attempts, resource_versions, resources, rollouts
@@ -61,6 +62,22 @@ def _history_row(row: Mapping[Any, Any]) -> dict[str, Any]:
         "time": row["update_time"],
         "resources": row["resources"],
     }
+
+
+async def resources_for_ids(
+    conn: AsyncConnection, dialect: str, resources_ids: Sequence[str | None]
+) -> dict[str | None, ResourcesUpdate | None]:
+    """:meth:`ResourceOps.resources_for` on an open connection (a claim reads them in its own transaction)."""
+    wanted = {rid for rid in resources_ids if rid}
+    found: dict[str | None, ResourcesUpdate | None] = {}
+    if wanted:
+        stmt = sa.select(resources).where(among(dialect, resources.c.resources_id, sorted(wanted)))
+        found = {row["resources_id"]: resources_from_row(row) for row in (await conn.execute(stmt)).mappings()}
+    if any(rid not in found for rid in resources_ids):
+        row = (await conn.execute(_LATEST)).mappings().first()
+        latest = None if row is None else resources_from_row(row)
+        found.update({rid: latest for rid in resources_ids if rid not in found})
+    return found
 
 
 class ResourceOps(SqlBase):
@@ -118,17 +135,8 @@ class ResourceOps(SqlBase):
     async def resources_for(self, resources_ids: Sequence[str | None]) -> dict[str | None, ResourcesUpdate | None]:
         """For each of ``resources_ids``, the snapshot an attempt of a rollout with that ``resources_id`` runs
         with: that id's, else (an unknown id, or None) the latest; in one read."""
-        wanted = {rid for rid in resources_ids if rid}
         async with self._read() as conn:
-            found: dict[str | None, ResourcesUpdate | None] = {}
-            if wanted:
-                stmt = sa.select(resources).where(resources.c.resources_id.in_(sorted(wanted)))
-                found = {row["resources_id"]: resources_from_row(row) for row in (await conn.execute(stmt)).mappings()}
-            if any(rid not in found for rid in resources_ids):
-                row = (await conn.execute(_LATEST)).mappings().first()
-                latest = None if row is None else resources_from_row(row)
-                found.update({rid: latest for rid in resources_ids if rid not in found})
-        return found
+            return await resources_for_ids(conn, self.dialect, resources_ids)
 
     async def get_latest_resources(self) -> ResourcesUpdate | None:
         async with self._read() as conn:

@@ -17,6 +17,7 @@ from lightning_store.models import (
     ROLLOUT_STATUSES,
     TERMINAL_ROLLOUT_STATUSES,
     AttemptedRollout,
+    Claim,
     EnqueueRolloutRequest,
     FilterLogic,
     PaginatedResult,
@@ -29,8 +30,9 @@ from lightning_store.models import (
 )
 from lightning_store.sql import transitions, validate
 from lightning_store.sql.attempts import AttemptOps
-from lightning_store.sql.dialect import contains_text, insert_ignoring_conflicts, json_matches
+from lightning_store.sql.dialect import among, contains_text, insert_ignoring_conflicts, json_matches
 from lightning_store.sql.paging import combine, fetch_page
+from lightning_store.sql.resources import resources_for_ids
 from lightning_store.sql.rows import attempted_from_row, new_id, rollout_from_row
 from lightning_store.sql.schema import QUEUED, resources, rollouts
 from lightning_store.sql.workers import WorkerOps
@@ -165,15 +167,25 @@ class RolloutOps(AttemptOps, WorkerOps):
     async def dequeue_many_rollouts(
         self, *, limit: int = 1, worker_id: str | None = None, timeout: float | None = None
     ) -> Sequence[AttemptedRollout]:
+        return [claim.rollout for claim in await self._dequeue(limit, worker_id, timeout, with_resources=False)]
+
+    async def claim_rollouts(
+        self, *, limit: int = 1, worker_id: str | None = None, timeout: float | None = None
+    ) -> list[Claim]:
+        return await self._dequeue(limit, worker_id, timeout, with_resources=True)
+
+    async def _dequeue(
+        self, limit: int, worker_id: str | None, timeout: float | None, *, with_resources: bool
+    ) -> list[Claim]:
         if limit <= 0:
             return []
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
-        claimed = await self._claim(limit, worker_id, mark_idle=True)
+        claimed = await self._claim(limit, worker_id, mark_idle=True, with_resources=with_resources)
         # Blocking: sleep until an enqueue wakes us (or the poll interval passes), then claim only when a cheap
         # read sees work, so that idle waiters take no write lock.
         while not claimed and deadline is not None and await self._wait_for_change("queue", deadline):
             if await self._queue_has_work():
-                claimed = await self._claim(limit, worker_id, mark_idle=False)
+                claimed = await self._claim(limit, worker_id, mark_idle=False, with_resources=with_resources)
         return claimed
 
     async def _queue_has_work(self) -> bool:
@@ -181,8 +193,9 @@ class RolloutOps(AttemptOps, WorkerOps):
             found = await conn.execute(sa.select(rollouts.c.pk).where(sa.text(QUEUED)).limit(1))
             return found.first() is not None
 
-    async def _claim(self, limit: int, worker_id: str | None, *, mark_idle: bool) -> list[AttemptedRollout]:
-        """Pop up to ``limit`` rollouts and create their attempts in one transaction."""
+    async def _claim(self, limit: int, worker_id: str | None, *, mark_idle: bool, with_resources: bool) -> list[Claim]:
+        """Pop up to ``limit`` rollouts and create their attempts in one transaction; ``with_resources``: read
+        the resources each attempt runs with in it too (one transaction where a claim took two)."""
         now = time.time()
         async with self._write() as (conn, _):
             claimed_rows = (await conn.execute(_CLAIM, {"limit": limit})).mappings().all()
@@ -194,7 +207,10 @@ class RolloutOps(AttemptOps, WorkerOps):
             attempts_ = await transitions.create_attempts(conn, [row["rollout_id"] for row in rows], worker_id, now)
             claimed = [attempted_from_row(row, attempt) for row, attempt in zip(rows, attempts_, strict=True)]
             await transitions.sync_worker(conn, self.dialect, claimed[-1].attempt, now, dequeued=True)
-        return claimed
+            found = (
+                await resources_for_ids(conn, self.dialect, [r.resources_id for r in claimed]) if with_resources else {}
+            )
+        return [Claim(rollout=one, resources=found.get(one.resources_id)) for one in claimed]
 
     async def start_attempt(self, rollout_id: str, worker_id: str | None = None) -> AttemptedRollout:
         now = time.time()
@@ -212,7 +228,8 @@ class RolloutOps(AttemptOps, WorkerOps):
             return (await self._rollouts_by_id(conn, [rollout_id])).get(rollout_id)
 
     async def _rollouts_by_id(self, conn: AsyncConnection, ids: Sequence[str]) -> dict[str, Rollout]:
-        rows = list((await conn.execute(sa.select(rollouts).where(rollouts.c.rollout_id.in_(set(ids))))).mappings())
+        query = sa.select(rollouts).where(among(self.dialect, rollouts.c.rollout_id, set(ids)))
+        rows = list((await conn.execute(query)).mappings())
         latest = await self._latest_attempts(conn, [row["rollout_id"] for row in rows])
         return {row["rollout_id"]: rollout_from_row(row, latest.get(row["rollout_id"])) for row in rows}
 
@@ -242,7 +259,7 @@ class RolloutOps(AttemptOps, WorkerOps):
         if status_in is not None:
             optional.append(rollouts.c.status.in_(list(status_in)))
         if rollout_id_in is not None:
-            optional.append(rollouts.c.rollout_id.in_(list(rollout_id_in)))
+            optional.append(among(self.dialect, rollouts.c.rollout_id, rollout_id_in))
         if rollout_id_contains is not None:
             optional.append(contains_text(self.dialect, rollouts.c.rollout_id, rollout_id_contains))
         required: list[sa.ColumnElement[bool]] = []
@@ -320,7 +337,7 @@ class RolloutOps(AttemptOps, WorkerOps):
                 rows = (
                     await conn.execute(
                         sa.select(rollouts.c.rollout_id, rollouts.c.status).where(
-                            rollouts.c.rollout_id.in_(sorted(pending))
+                            among(self.dialect, rollouts.c.rollout_id, sorted(pending))
                         )
                     )
                 ).all()

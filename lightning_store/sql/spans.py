@@ -120,18 +120,17 @@ class SpanOps(AttemptOps):
         ]
         if not batch:
             return []
-        now = time.time()
         async with self._write() as (conn, _):
-            latest = await self._lock_attempts(conn, batch)
-            if allocate_sequence_ids:
-                batch = await self._sequenced(conn, batch)
-            # One JSON document for the whole batch, serialized by pydantic's Rust core.
-            doc = _span_list.dump_json(batch).decode()
-            if not self.is_sqlite:
-                doc = jsonb_text(doc)
-            inserted = await conn.execute(self._insert_spans, {"doc": doc})
-            new_keys = {tuple(row) for row in inserted.all()}
-            await self._record_heartbeats(conn, batch, latest, now)
+            return await self._add_spans(conn, batch, allocate_sequence_ids=allocate_sequence_ids)
+
+    async def _add_spans(self, conn: AsyncConnection, batch: list[Span], *, allocate_sequence_ids: bool) -> list[Span]:
+        """:meth:`add_many_spans` of validated spans, in the caller's write transaction."""
+        now = time.time()
+        latest = await self._lock_attempts(conn, batch)
+        if allocate_sequence_ids:
+            batch = await self._sequenced(conn, batch)
+        new_keys = await self._insert(conn, batch)
+        await self._record_heartbeats(conn, batch, latest, now)
         seen: set[tuple[str, ...]] = set()
         added = []
         for span in batch:
@@ -140,6 +139,15 @@ class SpanOps(AttemptOps):
                 seen.add(key)
                 added.append(span)
         return added
+
+    async def _insert(self, conn: AsyncConnection, batch: list[Span]) -> set[tuple[str, ...]]:
+        """Insert ``batch`` (duplicates ignored) in one statement; the keys of the spans that were new."""
+        # One JSON document for the whole batch, serialized by pydantic's Rust core.
+        doc = _span_list.dump_json(batch).decode()
+        if not self.is_sqlite:
+            doc = jsonb_text(doc)
+        inserted = await conn.execute(self._insert_spans, {"doc": doc})
+        return {tuple(row) for row in inserted.all()}
 
     @functools.cached_property
     def _insert_spans(self) -> sa.TextClause:

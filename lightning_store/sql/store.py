@@ -12,8 +12,8 @@ from sqlalchemy.engine import URL
 from lightning_store.contract import StoreStatistics
 from lightning_store.errors import DatabaseUnavailableError
 from lightning_store.migrate import upgrade
-from lightning_store.models import Claim
 from lightning_store.settings import StoreSettings, load_settings
+from lightning_store.sql.ends import EndOps
 from lightning_store.sql.engine import is_memory_sqlite, is_sqlite, make_engine, normalize_url
 from lightning_store.sql.llm_calls import LlmCallOps
 from lightning_store.sql.notify import PostgresListener
@@ -21,26 +21,16 @@ from lightning_store.sql.resources import ResourceOps
 from lightning_store.sql.rollouts import RolloutOps
 from lightning_store.sql.schema import attempts, resources, rollouts, spans, workers
 from lightning_store.sql.span_search import SpanSearchOps
-from lightning_store.sql.spans import SpanOps
 from lightning_store.sql.watchdog import WatchdogOps
 
 
-class SqlStore(RolloutOps, SpanOps, SpanSearchOps, ResourceOps, WatchdogOps, LlmCallOps):
+class SqlStore(RolloutOps, EndOps, LlmCallOps, SpanSearchOps, ResourceOps, WatchdogOps):
     """The store contract on Postgres or SQLite. Create it with :func:`open_store`; ``close`` it when done.
 
     Safe for concurrent use by many tasks of one event loop, and by many processes over the same database.
     """
 
     _listener: PostgresListener | None = None
-
-    async def claim_rollouts(
-        self, *, limit: int = 1, worker_id: str | None = None, timeout: float | None = None
-    ) -> list[Claim]:
-        claimed = await self.dequeue_many_rollouts(limit=limit, worker_id=worker_id, timeout=timeout)
-        if not claimed:
-            return []
-        found = await self.resources_for([one.resources_id for one in claimed])
-        return [Claim(rollout=one, resources=found[one.resources_id]) for one in claimed]
 
     async def statistics(self) -> StoreStatistics:
         async with self._read() as conn:

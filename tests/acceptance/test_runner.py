@@ -53,6 +53,29 @@ async def test_sync_and_async_agents_run_and_report_rewards(served: tuple[SqlSto
             assert 1 <= len(workers) <= 2
             stats = [w.heartbeat_stats for w in workers if w.heartbeat_stats]  # none for a worker with no rollout
             assert sum(s["succeeded"] for s in stats) == 6 and {s["failed"] for s in stats} == {0}
+    # Each attempt's spans went with its end (one request and transaction for both), none on their own.
+    assert await requests_to(url, "/v1/agl/spans/batch") == 0
+
+
+async def test_a_span_the_store_refuses_costs_neither_the_status_nor_the_other_spans(
+    served: tuple[SqlStore, str],
+) -> None:
+    store, url = served
+    rollouts = await store.enqueue_many_rollouts([{"input": {"x": i}} for i in range(2)])  # type: ignore[misc]
+    ids = [r.rollout_id for r in rollouts]
+
+    finished, _ = await run_until_done(store, url, "tests.agents:refused_span_agent", ids, workers=1)
+
+    assert {r.status for r in finished} == {"succeeded"}
+    for i, rollout_id in enumerate(ids):
+        spans = await store.query_spans(rollout_id)
+        messages = [
+            s.attributes.get("agentlightning.message.body") for s in spans if s.name != "agentlightning.annotation"
+        ]
+        rewards = [
+            s.attributes["agentlightning.reward.0.value"] for s in spans if s.name == "agentlightning.annotation"
+        ]
+        assert messages == ["kept"] and rewards == [float(i)]
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
@@ -315,3 +316,74 @@ async def test_a_bad_entry_refuses_the_whole_batch_naming_it(
     for claimed in (first, second):  # nothing written, not even the good entry
         attempt = await store.get_latest_attempt(claimed.rollout_id)
         assert attempt is not None and attempt.status == "preparing"
+
+
+async def test_an_end_carries_its_attempts_last_spans_into_the_same_transaction(store: LightningStore) -> None:
+    for i in range(3):
+        await store.enqueue_rollout(i)
+    first, second, late = await store.dequeue_many_rollouts(limit=3)
+    await store.add_many_spans(
+        [span_for(first.rollout_id, first.attempt.attempt_id, "s0", 0)], allocate_sequence_ids=True
+    )
+    await store.update_attempt(late.rollout_id, late.attempt.attempt_id, status="timeout")  # the watchdog was first
+
+    carried = [span_for(first.rollout_id, first.attempt.attempt_id, f"s{n}", 0) for n in (1, 2)]
+    ended = await store.end_attempts(
+        [
+            AttemptEnd(
+                rollout_id=first.rollout_id, attempt_id=first.attempt.attempt_id, status="succeeded", spans=carried
+            ),
+            AttemptEnd(rollout_id=second.rollout_id, attempt_id=second.attempt.attempt_id, status="failed", spans=[]),
+            AttemptEnd(
+                rollout_id=late.rollout_id,
+                attempt_id=late.attempt.attempt_id,
+                status="succeeded",
+                spans=[span_for(late.rollout_id, late.attempt.attempt_id, "late", 0)],
+            ),
+        ]
+    )
+
+    assert [a.status if a else None for a in ended] == ["succeeded", "failed", None]
+    spans = (await store.query_spans(first.rollout_id)).items
+    assert [(s.span_id, s.sequence_id) for s in spans] == [("s0", 1), ("s1", 2), ("s2", 3)]  # counter continued
+    late_spans = (await store.query_spans(late.rollout_id)).items
+    assert [(s.span_id, s.sequence_id) for s in late_spans] == [("late", 1)]  # kept although the end was not
+    late_attempt = await store.get_latest_attempt(late.rollout_id)
+    assert late_attempt is not None and late_attempt.status == "timeout"  # carried spans are no heartbeat
+    assert (await store.query_spans(second.rollout_id)).items == []
+
+
+@pytest.mark.parametrize(
+    ("spans", "attempt", "field"),
+    [
+        ("other-attempt", None, "ends.1.spans.0.attempt_id"),
+        ("other-rollout", None, "ends.1.spans.0.rollout_id"),
+        ("no-name", None, "ends.1.spans.0.name"),
+        ("own", "latest", "ends.1.spans"),
+    ],
+)
+async def test_a_bad_span_in_an_end_refuses_the_whole_batch_naming_it(
+    store: LightningStore, spans: str, attempt: str | None, field: str
+) -> None:
+    for i in range(2):
+        await store.enqueue_rollout(i)
+    first, second = await store.dequeue_many_rollouts(limit=2)
+    own = span_for(second.rollout_id, second.attempt.attempt_id, "s1", 0).model_dump(mode="json")
+    span = {
+        "other-attempt": {**own, "attempt_id": first.attempt.attempt_id},
+        "other-rollout": {**own, "rollout_id": first.rollout_id},
+        "no-name": {k: v for k, v in own.items() if k != "name"},
+        "own": own,
+    }[spans]
+    good = {"rollout_id": first.rollout_id, "attempt_id": first.attempt.attempt_id, "status": "succeeded"}
+    bad: dict[str, Any] = {"rollout_id": second.rollout_id, "attempt_id": attempt or second.attempt.attempt_id}
+    bad |= {"status": "succeeded", "spans": [span]}
+
+    with pytest.raises(InvalidRequestError) as raised:
+        await store.end_attempts([good, bad])  # type: ignore[list-item]
+
+    assert raised.value.field == field
+    for claimed in (first, second):  # nothing written: no status, no span
+        attempt_now = await store.get_latest_attempt(claimed.rollout_id)
+        assert attempt_now is not None and attempt_now.status == "preparing"
+        assert (await store.query_spans(claimed.rollout_id)).items == []

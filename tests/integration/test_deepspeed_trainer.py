@@ -5,6 +5,7 @@ partitioned optimizer state into a resumed run."""
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,48 @@ def test_two_ranks_land_on_the_single_process_update(model_dir: Path, tmp_path: 
         ranks.close()
     moved = [not torch.equal(t, local.policy.reference.state_dict()[k]) for k, t in local.policy.state_dict().items()]
     assert any(moved)  # the update did something, so agreeing means something
+
+
+# Two conversations (3 and 2 calls, each prompt its previous prompt + response + a tool result) and two single
+# calls: 7 calls in 4 packed sequences, which the ranks share as units (one gets 3 calls, the other 4).
+CONVERSATION_ROWS = [
+    ([5, 6], [7, 8]),
+    ([5, 6, 7, 8, 9], [10]),
+    ([5, 6, 7, 8, 9, 10, 11, 12], [13, 14]),
+    ([20, 21, 22], [23]),
+    ([20, 21, 22, 23, 24], [25, 26]),
+    ([30], [31, 32]),
+    ([33, 34], [35]),
+]
+CONVERSATIONS = [("c0", 0), ("c0", 1), ("c0", 2), ("c1", 0), ("c1", 1), ("s0", 0), ("s1", 0)]
+
+
+def test_packed_conversations_train_on_ranks_as_in_one_process(model_dir: Path, tmp_path: Path) -> None:
+    batch = [
+        replace(t, rollout_id=rollout, step=step)
+        for t, (rollout, step) in zip(make_transitions(CONVERSATION_ROWS), CONVERSATIONS, strict=True)
+    ]
+    advantages = [1.0, -0.5, 0.25, -1.0, 0.75, 0.5, -0.25]
+    settings = replace(SETTINGS, mini_batches=1)
+    spec = PolicySpec(model_dir, learning_rate=1e-2)
+    local = LocalTrainer(spec, reference=True)
+
+    def train(trainer: Trainer) -> dict[str, float]:
+        rollouts = measure(trainer.policy, batch, 2)
+        per_token = torch.tensor(advantages).unsqueeze(1) * rollouts.mask
+        return trainer.update(UpdateJob(batch, per_token, rollouts, settings))
+
+    expected = train(local)
+    assert expected["train_sequences"] == 4.0 and expected["packed_calls"] == 5.0
+    ranks = deepspeed(spec, tmp_path, 2)
+    try:
+        got = train(ranks)
+        assert_same_weights(local, ranks)
+        for name in ("loss", "kl", "grad_norm"):
+            assert got[name] == pytest.approx(expected[name], rel=1e-4, abs=1e-7), name
+        assert got["train_sequences"] == 4.0
+    finally:
+        ranks.close()
 
 
 @pytest.mark.parametrize("option", ["value_head", "lora"])

@@ -1,0 +1,63 @@
+"""``end_attempts``: attempts' final statuses, each with the attempt's last spans, in one transaction.
+
+A runner used to end an attempt with two requests: its tracer's last spans (``add_many_spans``), then the status.
+An end may carry those spans (``AttemptEnd.spans``), one request and one transaction fewer per attempt: they are
+stored in the end's transaction after the statuses are applied (so the rollouts are locked, in order, before their
+span counters are taken), with sequence ids taken from their rollouts' counters as ``allocate_sequence_ids``
+takes them. A reader sees the spans and the status together.
+
+They are not heartbeats, as spans written on their own are: the end decides the attempt's status. They are stored
+whether or not the end applied (an attempt that is no longer current keeps its spans, as a separate write would
+have kept them); duplicates are ignored.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from lightning_store.errors import InvalidRequestError
+from lightning_store.models import Attempt, AttemptEnd
+from lightning_store.spans import Span
+from lightning_store.sql import validate
+from lightning_store.sql.attempt_ends import apply_ends
+from lightning_store.sql.spans import SpanOps
+
+MAX_ENDS = 1000
+"""The most attempt ends one ``end_attempts`` call takes."""
+
+
+class EndOps(SpanOps):
+    async def end_attempts(self, ends: Sequence[AttemptEnd]) -> list[Attempt | None]:
+        checked = [
+            e if type(e) is AttemptEnd else validate.model(AttemptEnd, e, f"ends.{i}") for i, e in enumerate(ends)
+        ]
+        if len(checked) > MAX_ENDS:
+            raise InvalidRequestError(f"ends: at most {MAX_ENDS} per call; got {len(checked)}", field="ends")
+        if not checked:
+            return []
+        carried = _carried_spans(checked)
+        async with self._write() as (conn, wakeups):
+            ended = await apply_ends(conn, wakeups, self.dialect, checked, time.time())
+            if carried:
+                await self._insert(conn, await self._sequenced(conn, carried))
+        return ended
+
+
+def _carried_spans(ends: Sequence[AttemptEnd]) -> list[Span]:
+    """Every end's spans, in order; an ``InvalidRequestError`` naming the first that belongs to another attempt
+    (``ends.2.spans.0.attempt_id``) before anything is written."""
+    carried: list[Span] = []
+    for i, end in enumerate(ends):
+        for j, span in enumerate(end.spans or ()):
+            if end.attempt_id == "latest":
+                raise InvalidRequestError(
+                    f"ends.{i}.spans: an end that carries spans must name its attempt, not 'latest'",
+                    field=f"ends.{i}.spans",
+                )
+            for name in ("rollout_id", "attempt_id"):
+                if getattr(span, name) != getattr(end, name):
+                    field = f"ends.{i}.spans.{j}.{name}"
+                    raise InvalidRequestError(f"{field}: must be the end's {name} {getattr(end, name)!r}", field=field)
+            carried.append(span)
+    return carried

@@ -1,0 +1,98 @@
+"""The LLM proxy's call recorder: one transaction per batch on the SQL store, two writes through any other store,
+and the same records either way (sequence ids shared by each call and its span; a duplicate span's call left out;
+a record of an unknown attempt dropped without losing the rest of its batch)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from lightning_store import LlmCall
+from lightning_store.client import HttpStore
+from lightning_store.contract import LightningStore
+from lightning_store.models import AttemptedRollout
+from lightning_store.server.recorder import CallRecord, CallRecorder
+from lightning_store.spans import Span
+from lightning_store.sql import SqlStore, open_store
+from tests.conftest import serving
+
+pytestmark = pytest.mark.parametrize(
+    "database_url",
+    [pytest.param("sqlite", id="sqlite"), pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)],
+    indirect=True,
+)
+
+
+@pytest.fixture
+async def sql_store(database_url: str) -> AsyncIterator[SqlStore]:
+    store = await open_store(database_url, migrate=True, watchdog_interval=0)
+    yield store
+    await store.close()
+
+
+def record(rollout_id: str, attempt_id: str, span_id: str, *, with_call: bool = True) -> CallRecord:
+    def build(sequence_id: int) -> tuple[Span, LlmCall | None]:
+        span = Span(
+            rollout_id=rollout_id,
+            attempt_id=attempt_id,
+            sequence_id=sequence_id,
+            trace_id="ab" * 16,
+            span_id=span_id,
+            name="chat tiny",
+            attributes={"lightning_store.llm_call": True},
+            start_time=1.0,
+            end_time=2.0,
+        )
+        call = LlmCall(
+            rollout_id=rollout_id,
+            attempt_id=attempt_id,
+            span_id=span_id,
+            sequence_id=sequence_id,
+            prompt_token_ids=[1, 2],
+            response_token_ids=[3],
+            start_time=1.0,
+            end_time=2.0,
+        )
+        return span, call if with_call else None
+
+    return CallRecord(rollout_id, attempt_id, build)
+
+
+async def recorded_through(store: LightningStore, batches: list[list[CallRecord]]) -> None:
+    recorder = CallRecorder(store)
+    for batch in batches:
+        for one in batch:
+            recorder.add(one)
+        await recorder.close()  # each batch is written as one
+
+
+@pytest.mark.parametrize("through", ["sql", "http"])
+async def test_calls_and_spans_share_sequence_ids_and_a_bad_record_loses_nothing_else(
+    sql_store: SqlStore, through: str
+) -> None:
+    first: AttemptedRollout = await sql_store.start_rollout({"i": 1})
+    second: AttemptedRollout = await sql_store.start_rollout({"i": 2})
+    a, b = (first.rollout_id, first.attempt.attempt_id), (second.rollout_id, second.attempt.attempt_id)
+    batches = [
+        [record(*a, "s1"), record(*b, "s1"), record(*a, "s2", with_call=False)],  # an error call: a span only
+        [record(*a, "s1"), record("ro-gone", "at-gone", "s9"), record(*a, "s3")],  # a duplicate, an unknown
+    ]
+    client: Any = None
+    if through == "http":
+        async with serving(sql_store) as url:
+            client = HttpStore(url)
+            try:
+                await recorded_through(client, batches)
+            finally:
+                await client.close()
+    else:
+        await recorded_through(sql_store, batches)
+
+    spans = {s.span_id: s.sequence_id for s in await sql_store.query_spans(a[0])}
+    calls = {c.span_id: c.sequence_id for c in await sql_store.query_llm_calls([a[0]])}
+    # A duplicate still takes a number from its rollout's counter (as add_many_spans does), so s3 comes after a gap.
+    assert spans["s1"] == 1 and spans["s2"] == 2 and spans["s3"] > 2 and set(spans) == {"s1", "s2", "s3"}
+    assert calls == {"s1": 1, "s3": spans["s3"]}  # s2 failed (no call); the duplicate s1 kept its first record
+    assert [c.sequence_id for c in await sql_store.query_llm_calls([b[0]])] == [1]
