@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import os
@@ -119,6 +120,7 @@ class Fleet:
         worker = f"sim-{self.process}-{index}"
         await asyncio.sleep(rng.uniform(0, self.args.think))  # the fleet does not start in lockstep
         while not stop.is_set():
+            ids: tuple[str, str] | None = None
             try:
                 started = time.perf_counter()
                 claims = await self._post(
@@ -131,11 +133,16 @@ class Fleet:
                 self.first_claim = min(self.first_claim, time.time())
                 rollout = claims[0]["rollout"]
                 rollout_id, attempt_id = rollout["rollout_id"], rollout["attempt"]["attempt_id"]
+                ids = rollout_id, attempt_id
                 self.claimed.append(rollout_id)
                 await self._episode(client, rng, rollout_id, attempt_id)
                 self.last_end = max(self.last_end, time.time())
             except Exception as error:  # counted and reported: a run with errors is not a clean run
                 self.errors.append(f"{type(error).__name__}: {error}")
+                if ids is not None:  # end it, or the run would wait for it forever
+                    end = {"rollout_id": ids[0], "attempt_id": ids[1], "status": "failed"}
+                    with contextlib.suppress(Exception):
+                        await self._post(client, "/v1/agl/attempts/end", {"ends": [end]})
                 await asyncio.sleep(1.0)
 
     async def _episode(self, client: httpx.AsyncClient, rng: random.Random, rollout_id: str, attempt_id: str) -> None:
