@@ -3,11 +3,15 @@ re-tokenizing. The proxy writes one per call; adapters read them back as transit
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
 from lightning_store.limits import MAX_INT32, Id, OtelId, SequenceId
+
+if TYPE_CHECKING:
+    from lightning_store.spans import Span
 
 
 class LlmCall(BaseModel):
@@ -34,3 +38,15 @@ class LlmCall(BaseModel):
     start_time: float
     end_time: float | None = None
     latency_seconds: float | None = None
+
+
+def numbered_calls(records: Sequence[tuple[Span, LlmCall | None]], added: Sequence[Span]) -> list[LlmCall]:
+    """The LLM calls of a batch of proxied-call ``records`` whose spans were stored as new (``added``, numbered
+    by the store), each with its span's sequence id. A failed call has none; a call whose span was a duplicate
+    was recorded with it the first time."""
+    numbers = {(span.attempt_id, span.span_id): span.sequence_id for span in added}
+    return [
+        call.model_copy(update={"sequence_id": numbers[key]})
+        for _, call in records
+        if call is not None and (key := (call.attempt_id, call.span_id)) in numbers
+    ]

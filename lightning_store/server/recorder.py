@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from lightning_store.contract import LightningStore
 from lightning_store.errors import DatabaseUnavailableError, NotFoundError
-from lightning_store.llm_calls import LlmCall
+from lightning_store.llm_calls import LlmCall, numbered_calls
 from lightning_store.spans import Span
 
 logger = logging.getLogger(__name__)
@@ -93,14 +93,7 @@ class CallRecorder:
             await record_llm_calls(built)
             return
         added = await self.store.add_many_spans([span for span, _ in built], allocate_sequence_ids=True)
-        numbers = {(span.attempt_id, span.span_id): span.sequence_id for span in added}
-        # A call whose span was already stored (a duplicate) was recorded with it.
-        calls = [
-            call.model_copy(update={"sequence_id": numbers[key]})
-            for _, call in built
-            if call is not None and (key := (call.attempt_id, call.span_id)) in numbers
-        ]
-        if calls:
+        if calls := numbered_calls(built, added):
             await self.store.add_llm_calls(calls)
 
     async def _write_alone(self, record: CallRecord) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from lightning_store.errors import NotFoundError
-from lightning_store.llm_calls import LlmCall
+from lightning_store.llm_calls import LlmCall, numbered_calls
 from lightning_store.spans import Span
 from lightning_store.sql import validate
 from lightning_store.sql.dialect import insert_ignoring_conflicts
@@ -58,12 +58,7 @@ class LlmCallOps(SpanOps):
             return []
         async with self._write() as (conn, _):
             added = await self._add_spans(conn, [span for span, _ in records], allocate_sequence_ids=True)
-            numbers = {(span.attempt_id, span.span_id): span.sequence_id for span in added}
-            calls = [
-                call.model_copy(update={"sequence_id": numbers[key]}).model_dump(mode="json")
-                for _, call in records
-                if call is not None and (key := (call.attempt_id, call.span_id)) in numbers
-            ]
+            calls = [call.model_dump(mode="json") for call in numbered_calls(records, added)]
             if calls:
                 await conn.execute(self._insert_llm_calls, calls)
         return added
