@@ -5,12 +5,13 @@ applied in ``(rollout_id, position)`` order: an entry whose attempt is no longer
 already, possibly by an earlier entry of the same batch) is skipped with ``None``, and the rollout of an applied
 one follows its retry policy. Applying them one by one took about six statements per entry inside the write
 transaction; on SQLite every statement is a trip to the database thread while the single write lock is held.
-Here the rollouts are locked and the attempts read in one statement each, the outcome is decided in Python, and
-the writes go out as one ``executemany`` per shape of change: about six statements for any number of entries.
+Here the rollouts are locked and their attempts read in one statement, the outcome is decided in Python, and the
+writes go out as one ``executemany`` per shape of change: about four statements for any number of entries.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,47 +20,72 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from lightning_store import lifecycle
 from lightning_store.errors import NotFoundError
-from lightning_store.models import ACTIVE_ATTEMPT_STATUSES, Attempt, AttemptEnd, RolloutConfig, RolloutStatus
+from lightning_store.models import ACTIVE_ATTEMPT_STATUSES, Attempt, AttemptEnd, RolloutConfig
+from lightning_store.spans import Span
 from lightning_store.sql.base import Wakeups
+from lightning_store.sql.dialect import among_param, among_value
 from lightning_store.sql.rows import attempt_from_row
 from lightning_store.sql.schema import attempts, rollouts
-from lightning_store.sql.transitions import set_rollout_statuses, sync_workers
+from lightning_store.sql.spans import numbered
+from lightning_store.sql.transitions import rollout_status_values, sync_workers, update_rollouts, wake_for_status
 
 _later = attempts.alias("later")
+_WRITE_ATTEMPTS = (
+    sa.update(attempts)
+    .where(attempts.c.attempt_id == sa.bindparam("of_attempt"))
+    .values(
+        status=sa.bindparam("new_status"),
+        end_time=sa.bindparam("new_end_time"),
+        metadata=sa.bindparam("new_metadata", type_=attempts.c.metadata.type),
+    )
+)
+_ATTEMPT_COLUMNS = [column.label(f"a_{column.name}") for column in attempts.c]
 
 
-async def apply_ends(
-    conn: AsyncConnection, wakeups: Wakeups, dialect: str, ends: Sequence[AttemptEnd], now: float
-) -> list[Attempt | None]:
-    """Apply ``ends`` in the caller's write transaction; the ended attempts, ``None`` where one was not current.
-    Raises :class:`NotFoundError` naming ``ends.N.rollout_id`` / ``ends.N.attempt_id`` before writing anything."""
-    rollout_ids = sorted({end.rollout_id for end in ends})
-    # Locked in rollout order, as every writer that locks several rollouts does (no deadlock on Postgres).
-    locked = {
-        row["rollout_id"]: row
-        for row in (
-            await conn.execute(
-                sa.select(rollouts.c.rollout_id, rollouts.c.status, rollouts.c.config)
-                .where(rollouts.c.rollout_id.in_(rollout_ids))
-                .order_by(rollouts.c.rollout_id)
-                .with_for_update()
-            )
-        ).mappings()
-    }
-    named = {end.attempt_id for end in ends}
+@functools.cache
+def _lock_statement(dialect: str) -> sa.Select[Any]:
+    """The ends' rollouts (parameter ``rollout_ids``), locked in rollout order (as every writer that locks several
+    rollouts locks them: no deadlock on Postgres), each joined with its latest attempt and with its attempts the
+    ends name (``named``): one row per rollout and attempt, with the rollout's span counter. One statement where
+    locking and reading took two; built once per dialect (building it cost more than running it)."""
     is_latest = ~sa.exists().where(
         _later.c.rollout_id == attempts.c.rollout_id, _later.c.sequence_id > attempts.c.sequence_id
     )
-    found = [
-        attempt_from_row(row)
-        for row in (
-            await conn.execute(
-                sa.select(attempts).where(
-                    sa.or_(attempts.c.attempt_id.in_(named), sa.and_(attempts.c.rollout_id.in_(rollout_ids), is_latest))
-                )
-            )
-        ).mappings()
-    ]
+    candidates = sa.and_(
+        attempts.c.rollout_id == rollouts.c.rollout_id,
+        sa.or_(among_param(dialect, attempts.c.attempt_id, "named"), is_latest),
+    )
+    return (
+        sa.select(
+            rollouts.c.rollout_id, rollouts.c.status, rollouts.c.config, rollouts.c.last_span_seq, *_ATTEMPT_COLUMNS
+        )
+        .select_from(rollouts.outerjoin(attempts, candidates))
+        .where(among_param(dialect, rollouts.c.rollout_id, "rollout_ids"))
+        .order_by(rollouts.c.rollout_id)
+        .with_for_update(of=rollouts)
+    )
+
+
+async def apply_ends(
+    conn: AsyncConnection,
+    wakeups: Wakeups,
+    dialect: str,
+    ends: Sequence[AttemptEnd],
+    carried: Sequence[Span],
+    now: float,
+) -> tuple[list[Attempt | None], list[Span]]:
+    """Apply ``ends`` in the caller's write transaction: the ended attempts, ``None`` where one was not current,
+    and ``carried`` (spans of the ends' rollouts) numbered from their rollouts' span counters, which are advanced
+    past them; the caller stores those spans. Raises :class:`NotFoundError` naming ``ends.N.rollout_id`` /
+    ``ends.N.attempt_id`` before writing anything."""
+    rollout_ids = sorted({end.rollout_id for end in ends})
+    ids = {
+        "rollout_ids": among_value(dialect, rollout_ids),
+        "named": among_value(dialect, {e.attempt_id for e in ends}),
+    }
+    rows = (await conn.execute(_lock_statement(dialect), ids)).mappings().all()
+    locked = {row["rollout_id"]: row for row in rows}
+    found = [attempt_from_row(row, "a_") for row in rows if row["a_attempt_id"] is not None]
     by_id = {attempt.attempt_id: attempt for attempt in found}
     latest: dict[str, Attempt] = {}
     for attempt in found:
@@ -68,7 +94,7 @@ async def apply_ends(
 
     results: list[Attempt | None] = [None] * len(ends)
     rollout_status = {rollout_id: row["status"] for rollout_id, row in locked.items()}
-    changed_rollouts: dict[str, RolloutStatus] = {}
+    changes: dict[str, dict[str, Any]] = {}
     for i in sorted(range(len(ends)), key=lambda i: (ends[i].rollout_id, i)):
         end = ends[i]
         if end.rollout_id not in locked:
@@ -88,30 +114,26 @@ async def apply_ends(
         config = RolloutConfig.model_validate(locked[end.rollout_id]["config"])
         follows = lifecycle.rollout_status_from_attempt(end.status, target.sequence_id, config)
         if follows != rollout_status[end.rollout_id]:
-            rollout_status[end.rollout_id] = changed_rollouts[end.rollout_id] = follows
+            rollout_status[end.rollout_id] = follows
+            changes[end.rollout_id] = rollout_status_values(follows, now)
+            wake_for_status(wakeups, follows)
 
+    spans_ = numbered(carried, {rollout_id: int(row["last_span_seq"]) for rollout_id, row in locked.items()})
+    for span in spans_:  # numbered in order: the last span of a rollout has its highest number
+        changes.setdefault(span.rollout_id, {})["last_span_seq"] = span.sequence_id
     applied = [attempt for attempt in results if attempt is not None]
     await _write_attempts(conn, applied)
-    await set_rollout_statuses(conn, wakeups, changed_rollouts, now)
+    await update_rollouts(conn, changes)
     await sync_workers(conn, dialect, applied, now)
-    return results
+    return results, spans_
 
 
 async def _write_attempts(conn: AsyncConnection, applied: list[Attempt]) -> None:
     # One shape: an entry without metadata writes back what the attempt had.
     if not applied:
         return
-    statement = (
-        sa.update(attempts)
-        .where(attempts.c.attempt_id == sa.bindparam("of_attempt"))
-        .values(
-            status=sa.bindparam("new_status"),
-            end_time=sa.bindparam("new_end_time"),
-            metadata=sa.bindparam("new_metadata", type_=attempts.c.metadata.type),
-        )
-    )
     params = [
         {"of_attempt": a.attempt_id, "new_status": a.status, "new_end_time": a.end_time, "new_metadata": a.metadata}
         for a in applied
     ]
-    await conn.execute(statement, params)
+    await conn.execute(_WRITE_ATTEMPTS, params)

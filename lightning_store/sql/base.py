@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from lightning_store import waits
 from lightning_store.settings import StoreSettings
-from lightning_store.sql.engine import WRITE_OPTION, is_sqlite, unavailable_as_error
+from lightning_store.sql.engine import STATEMENT_OPTION, WRITE_OPTION, is_sqlite, unavailable_as_error
 from lightning_store.sql.notify import TOPICS, Topic, notify_clause
 
 
@@ -56,6 +56,9 @@ class SqlBase:
         # bought nothing but two round trips per read (a proxied LLM call reads its attempt's resources). On
         # SQLite a read transaction holds one snapshot for all its statements, and costs no trip of its own.
         self._reader = engine if self.is_sqlite else engine.execution_options(isolation_level="AUTOCOMMIT")
+        # Reads whose statements need no common snapshot run without a transaction on SQLite too: a read of one
+        # statement is then one trip to the database thread instead of two (the proxy reads resources per call).
+        self._statement_reader = engine.execution_options(**{STATEMENT_OPTION: True}) if self.is_sqlite else None
         self.topics = {name: Topic() for name in TOPICS}
         self._write_lock = asyncio.Lock()
         self._started_at = time.time()
@@ -68,10 +71,15 @@ class SqlBase:
         return self.settings.postgres_poll_interval
 
     @contextlib.asynccontextmanager
-    async def _read(self) -> AsyncIterator[AsyncConnection]:
+    async def _read(self, *, snapshot: bool = True) -> AsyncIterator[AsyncConnection]:
         """A connection for reads: a read transaction on SQLite (one snapshot); on Postgres, autocommit, each
-        statement with its own snapshot as in a READ COMMITTED transaction, without the BEGIN/COMMIT trips."""
+        statement with its own snapshot as in a READ COMMITTED transaction, without the BEGIN/COMMIT trips.
+        ``snapshot=False``: the statements need no common snapshot, and run in autocommit on SQLite too."""
         with unavailable_as_error():
+            if self._statement_reader is not None and not snapshot:
+                async with self._statement_reader.connect() as conn:
+                    yield conn
+                return
             async with self._reader.connect() as conn:
                 if not self.is_sqlite:
                     yield conn

@@ -114,6 +114,22 @@ def among(dialect_name: str, column: Any, values: Iterable[str]) -> ColumnElemen
     return column.in_(sa.select(unpacked.c.value))  # type: ignore[no-any-return]
 
 
+def among_param(dialect_name: str, column: Any, name: str) -> ColumnElement[bool]:
+    """:func:`among` with the list bound at execution, as parameter ``name`` (its value from
+    :func:`among_value`): for statements built once and executed many times."""
+    if dialect_name == "postgresql":
+        found: ColumnElement[bool] = column == sa.any_(sa.bindparam(name, type_=postgresql.ARRAY(sa.String())))
+        return found
+    unpacked = sa.func.json_each(sa.bindparam(name, type_=sa.String())).table_valued("value")
+    return column.in_(sa.select(unpacked.c.value))  # type: ignore[no-any-return]
+
+
+def among_value(dialect_name: str, values: Iterable[str]) -> Any:
+    """The value of an :func:`among_param` parameter: the list itself on Postgres, its JSON text on SQLite."""
+    listed = list(values)
+    return listed if dialect_name == "postgresql" else json.dumps(listed)
+
+
 def contains_text(dialect_name: str, column: Any, needle: str) -> ColumnElement[bool]:
     """Case-sensitive substring match (SQLite's LIKE ignores ASCII case, so no LIKE; no wildcards to escape)."""
     position = sa.func.strpos if dialect_name == "postgresql" else sa.func.instr

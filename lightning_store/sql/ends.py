@@ -2,9 +2,9 @@
 
 A runner used to end an attempt with two requests: its tracer's last spans (``add_many_spans``), then the status.
 An end may carry those spans (``AttemptEnd.spans``), one request and one transaction fewer per attempt: they are
-stored in the end's transaction after the statuses are applied (so the rollouts are locked, in order, before their
-span counters are taken), with sequence ids taken from their rollouts' counters as ``allocate_sequence_ids``
-takes them. A reader sees the spans and the status together.
+stored in the end's transaction, numbered from their rollouts' span counters as ``allocate_sequence_ids`` numbers
+spans (the counters are read with the lock the statuses take, and advanced in the statuses' update). A reader sees
+the spans and the status together.
 
 They are not heartbeats, as spans written on their own are: the end decides the attempt's status. They are stored
 whether or not the end applied (an attempt that is no longer current keeps its spans, as a separate write would
@@ -38,9 +38,9 @@ class EndOps(SpanOps):
             return []
         carried = _carried_spans(checked)
         async with self._write() as (conn, wakeups):
-            ended = await apply_ends(conn, wakeups, self.dialect, checked, time.time())
-            if carried:
-                await self._insert(conn, await self._sequenced(conn, carried))
+            ended, spans_ = await apply_ends(conn, wakeups, self.dialect, checked, carried, time.time())
+            if spans_:
+                await self._insert(conn, spans_)
         return ended
 
 

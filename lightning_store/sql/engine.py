@@ -21,6 +21,9 @@ from lightning_store.sql.dialect import postgres_json
 WRITE_OPTION = "lightning_store_write"
 """Execution option that marks a connection as a writer (``BEGIN IMMEDIATE`` on SQLite)."""
 
+STATEMENT_OPTION = "lightning_store_one_statement"
+"""Execution option that marks a SQLite reader whose statements each stand alone: no ``BEGIN``, so a read of one
+statement is one trip to the database thread (a transaction costs a second one, for its ``COMMIT``)."""
 CONNECT_TIMEOUT = 10.0
 """Seconds a new Postgres connection may take (asyncpg's default, 60 s, outlasts every client's patience)."""
 
@@ -106,7 +109,10 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
     def _on_begin(conn: Any) -> None:
         # A writer takes the write lock up front: a deferred transaction that reads and then writes can fail
         # with SQLITE_BUSY at once when another process also writes, without waiting for busy_timeout.
-        immediate = conn.get_execution_options().get(WRITE_OPTION, False)
+        options = conn.get_execution_options()
+        if options.get(STATEMENT_OPTION, False):
+            return  # the driver is in autocommit: each statement is its own transaction
+        immediate = options.get(WRITE_OPTION, False)
         conn.exec_driver_sql(sqlite_driver.BEGIN_IMMEDIATE if immediate else sqlite_driver.BEGIN)
 
 

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,7 +20,7 @@ from lightning_store.models import PaginatedResult, SortOrder
 from lightning_store.resources import NamedResources, ResourcesUpdate
 from lightning_store.sql import validate
 from lightning_store.sql.base import SqlBase
-from lightning_store.sql.dialect import among, contains_text, upsert
+from lightning_store.sql.dialect import among_param, among_value, contains_text, upsert
 from lightning_store.sql.paging import fetch_page
 from lightning_store.sql.rows import new_id, resources_from_row
 from lightning_store.sql.schema import attempts, resource_versions, resources, rollouts
@@ -64,6 +65,12 @@ def _history_row(row: Mapping[Any, Any]) -> dict[str, Any]:
     }
 
 
+@functools.cache
+def _resources_among(dialect: str) -> sa.Select[Any]:
+    """The snapshots whose ids are parameter ``ids`` (an :func:`among_value`), built once per dialect."""
+    return sa.select(resources).where(among_param(dialect, resources.c.resources_id, "ids"))
+
+
 async def resources_for_ids(
     conn: AsyncConnection, dialect: str, resources_ids: Sequence[str | None]
 ) -> dict[str | None, ResourcesUpdate | None]:
@@ -71,8 +78,8 @@ async def resources_for_ids(
     wanted = {rid for rid in resources_ids if rid}
     found: dict[str | None, ResourcesUpdate | None] = {}
     if wanted:
-        stmt = sa.select(resources).where(among(dialect, resources.c.resources_id, sorted(wanted)))
-        found = {row["resources_id"]: resources_from_row(row) for row in (await conn.execute(stmt)).mappings()}
+        rows = await conn.execute(_resources_among(dialect), {"ids": among_value(dialect, sorted(wanted))})
+        found = {row["resources_id"]: resources_from_row(row) for row in rows.mappings()}
     if any(rid not in found for rid in resources_ids):
         row = (await conn.execute(_LATEST)).mappings().first()
         latest = None if row is None else resources_from_row(row)
@@ -120,7 +127,7 @@ class ResourceOps(SqlBase):
     async def get_attempt_resources(self, rollout_id: str, attempt_id: str) -> ResourcesUpdate | None:
         validate.non_empty_id(rollout_id, "rollout_id")
         validate.non_empty_id(attempt_id, "attempt_id")
-        async with self._read() as conn:
+        async with self._read(snapshot=False) as conn:  # the proxy's read per call: the rollout's, else latest
             ids = {"rollout_id": rollout_id, "attempt_id": attempt_id}
             row = (await conn.execute(_ATTEMPT_RESOURCES, ids)).mappings().first()
             if row is None:

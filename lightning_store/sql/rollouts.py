@@ -30,7 +30,14 @@ from lightning_store.models import (
 )
 from lightning_store.sql import transitions, validate
 from lightning_store.sql.attempts import AttemptOps
-from lightning_store.sql.dialect import among, contains_text, insert_ignoring_conflicts, json_matches
+from lightning_store.sql.dialect import (
+    among,
+    among_param,
+    among_value,
+    contains_text,
+    insert_ignoring_conflicts,
+    json_matches,
+)
 from lightning_store.sql.paging import combine, fetch_page
 from lightning_store.sql.resources import resources_for_ids
 from lightning_store.sql.rows import attempted_from_row, new_id, rollout_from_row
@@ -40,6 +47,16 @@ from lightning_store.sql.workers import WorkerOps
 # The claim. The partial index ix_rollouts_queue covers exactly this predicate (a literal, so the planner can match
 # it). SKIP LOCKED lets concurrent claimers take the next rows instead of waiting for ours; a row we lock is never
 # handed to anyone else, and its attempt is created in the same transaction.
+
+
+@functools.cache
+def _finished_among(dialect: str) -> sa.Select[Any]:
+    """The ids of the rollouts among parameter ``ids`` (an :func:`among_value`) that have finished (the statuses
+    inlined: an expanding ``IN`` is rendered anew at every execution)."""
+    finished = rollouts.c.status.in_([sa.literal_column(f"'{status}'") for status in TERMINAL_ROLLOUT_STATUSES])
+    return sa.select(rollouts.c.rollout_id).where(among_param(dialect, rollouts.c.rollout_id, "ids"), finished)
+
+
 _CLAIM = (
     sa.update(rollouts)
     .where(
@@ -189,7 +206,7 @@ class RolloutOps(AttemptOps, WorkerOps):
         return claimed
 
     async def _queue_has_work(self) -> bool:
-        async with self._read() as conn:
+        async with self._read(snapshot=False) as conn:
             found = await conn.execute(sa.select(rollouts.c.pk).where(sa.text(QUEUED)).limit(1))
             return found.first() is not None
 
@@ -331,26 +348,23 @@ class RolloutOps(AttemptOps, WorkerOps):
         wanted = list(dict.fromkeys(rollout_ids))
         pending, done = set(wanted), set[str]()
         while True:
-            async with self._read() as conn:
-                # Only the ids not seen finished yet: every attempt end wakes this loop, so re-reading the whole
-                # list made a long wait quadratic in its length. (One requeued meanwhile is caught below.)
-                rows = (
-                    await conn.execute(
-                        sa.select(rollouts.c.rollout_id, rollouts.c.status).where(
-                            among(self.dialect, rollouts.c.rollout_id, sorted(pending))
-                        )
-                    )
-                ).all()
-                # An unknown id never finishes (as in Agent Lightning): it is waited for, then left out.
-                done.update(rollout_id for rollout_id, status in rows if status in TERMINAL_ROLLOUT_STATUSES)
-                pending -= done
-                past_deadline = deadline is not None and time.monotonic() >= deadline
-                if not pending or past_deadline or waits.ended():
+            async with self._read(snapshot=False) as conn:
+                # Only the ids not seen finished yet, and only those of them that have finished: every attempt
+                # end wakes this loop, so re-reading the whole list (or returning every row of it) made a long
+                # wait quadratic in its length. (One requeued meanwhile is caught below.)
+                ids = {"ids": among_value(self.dialect, sorted(pending))}
+                rows = (await conn.execute(_finished_among(self.dialect), ids)).all()
+            # An unknown id never finishes (as in Agent Lightning): it is waited for, then left out.
+            done.update(rollout_id for (rollout_id,) in rows)
+            pending -= done
+            past_deadline = deadline is not None and time.monotonic() >= deadline
+            if not pending or past_deadline or waits.ended():
+                async with self._read() as conn:
                     stored = await self._rollouts_by_id(conn, [r for r in wanted if r in done])
-                    requeued = {r for r, rollout in stored.items() if rollout.status not in TERMINAL_ROLLOUT_STATUSES}
-                    if not requeued or past_deadline or waits.ended():
-                        return [stored[r] for r in wanted if r in stored and r not in requeued]
-                    done -= requeued
-                    pending |= requeued
-                    continue
+                requeued = {r for r, rollout in stored.items() if rollout.status not in TERMINAL_ROLLOUT_STATUSES}
+                if not requeued or past_deadline or waits.ended():
+                    return [stored[r] for r in wanted if r in stored and r not in requeued]
+                done -= requeued
+                pending |= requeued
+                continue
             await self._wait_for_change("done", deadline)

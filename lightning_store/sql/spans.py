@@ -19,7 +19,7 @@ from lightning_store.models import FilterLogic, PaginatedResult, SortOrder
 from lightning_store.spans import Span
 from lightning_store.sql import validate
 from lightning_store.sql.attempts import AttemptOps
-from lightning_store.sql.dialect import contains_text, insert_from_json_array, jsonb_text
+from lightning_store.sql.dialect import among_param, among_value, contains_text, insert_from_json_array, jsonb_text
 from lightning_store.sql.paging import combine, fetch_page
 from lightning_store.sql.rows import span_from_row
 from lightning_store.sql.schema import attempts, rollouts, spans
@@ -37,28 +37,44 @@ def _literals(values: Sequence[str]) -> list[sa.ColumnElement[str]]:
 
 # The statements of the ingest path are built once (building one costs more than running it).
 _later = attempts.alias("later")
-_LOCK_ATTEMPTS = (
-    sa.select(
-        attempts.c.attempt_id,
-        attempts.c.rollout_id,
-        ~sa.exists().where(_later.c.rollout_id == attempts.c.rollout_id, _later.c.sequence_id > attempts.c.sequence_id),
+
+
+@functools.cache
+def _lock_attempts_statement(dialect: str) -> sa.Select[Any]:
+    """The named attempts (``attempt_ids``, an :func:`among_value`) with their rollouts, locked in rollout order;
+    whether each is its rollout's latest; each rollout's span counter."""
+    return (
+        sa.select(
+            attempts.c.attempt_id,
+            attempts.c.rollout_id,
+            ~sa.exists().where(
+                _later.c.rollout_id == attempts.c.rollout_id, _later.c.sequence_id > attempts.c.sequence_id
+            ),
+            rollouts.c.last_span_seq,
+        )
+        .join(rollouts, rollouts.c.rollout_id == attempts.c.rollout_id)
+        .where(among_param(dialect, attempts.c.attempt_id, "attempt_ids"))
+        .order_by(rollouts.c.rollout_id)
+        .with_for_update(of=rollouts)
     )
-    .join(rollouts, rollouts.c.rollout_id == attempts.c.rollout_id)
-    .where(attempts.c.attempt_id.in_(sa.bindparam("attempt_ids", expanding=True)))
-    .order_by(rollouts.c.rollout_id)
-    .with_for_update(of=rollouts)
-)
-_HEARTBEAT_ATTEMPTS = (
-    sa.update(attempts)
-    .where(attempts.c.attempt_id.in_(sa.bindparam("attempt_ids", expanding=True)))
-    .values(
-        last_heartbeat_time=sa.bindparam("now", type_=sa.Double()),
-        status=sa.case(
-            (attempts.c.status.in_(_literals(lifecycle.REVIVED_ATTEMPT_STATUSES)), sa.literal("running")),
-            else_=attempts.c.status,
-        ),
+
+
+@functools.cache
+def _heartbeat_attempts_statement(dialect: str) -> sa.Update:
+    """Spans are heartbeats: the named attempts (``attempt_ids``) beat at ``now``, and revive."""
+    return (
+        sa.update(attempts)
+        .where(among_param(dialect, attempts.c.attempt_id, "attempt_ids"))
+        .values(
+            last_heartbeat_time=sa.bindparam("now", type_=sa.Double()),
+            status=sa.case(
+                (attempts.c.status.in_(_literals(lifecycle.REVIVED_ATTEMPT_STATUSES)), sa.literal("running")),
+                else_=attempts.c.status,
+            ),
+        )
     )
-)
+
+
 _highest_seq = sa.bindparam("m", type_=sa.BigInteger())
 _HEARTBEAT_ROLLOUTS = (
     sa.update(rollouts)
@@ -106,6 +122,18 @@ async def _take_sequence_ids(conn: AsyncConnection, rollout_ids: Sequence[str]) 
     return numbers
 
 
+def numbered(batch: Sequence[Span], counters: dict[str, int]) -> list[Span]:
+    """``batch`` with sequence ids that follow each rollout's span counter (``counters``: its last one given),
+    in order. The caller holds the rollouts locked and advances their counters to the highest number given, in
+    an update it makes anyway: numbering from the counters read under the lock saves a statement per write."""
+    next_free = {rollout_id: last + 1 for rollout_id, last in counters.items()}
+    spans_ = []
+    for span in batch:
+        spans_.append(span.model_copy(update={"sequence_id": next_free[span.rollout_id]}))
+        next_free[span.rollout_id] += 1
+    return spans_
+
+
 class SpanOps(AttemptOps):
     async def add_span(self, span: Span) -> Span | None:
         added = await self.add_many_spans([span])
@@ -126,9 +154,9 @@ class SpanOps(AttemptOps):
     async def _add_spans(self, conn: AsyncConnection, batch: list[Span], *, allocate_sequence_ids: bool) -> list[Span]:
         """:meth:`add_many_spans` of validated spans, in the caller's write transaction."""
         now = time.time()
-        latest = await self._lock_attempts(conn, batch)
+        latest, counters = await self._lock_attempts(conn, batch)
         if allocate_sequence_ids:
-            batch = await self._sequenced(conn, batch)
+            batch = numbered(batch, counters)  # the heartbeat update below advances the counters
         new_keys = await self._insert(conn, batch)
         await self._record_heartbeats(conn, batch, latest, now)
         seen: set[tuple[str, ...]] = set()
@@ -155,21 +183,18 @@ class SpanOps(AttemptOps):
             self.dialect, spans, SPAN_FIELDS, extra_column="extra", conflict_columns=SPAN_KEY, returning=SPAN_KEY
         )
 
-    async def _lock_attempts(self, conn: AsyncConnection, batch: list[Span]) -> dict[str, bool]:
+    async def _lock_attempts(self, conn: AsyncConnection, batch: list[Span]) -> tuple[dict[str, bool], dict[str, int]]:
         """Check that every span names an attempt of its rollout, lock those rollouts (in a fixed order, so that
-        span ingest and attempt updates cannot deadlock on Postgres), and say which attempts are the latest."""
-        rows = (await conn.execute(_LOCK_ATTEMPTS, {"attempt_ids": sorted({span.attempt_id for span in batch})})).all()
-        owner = {attempt_id: rollout_id for attempt_id, rollout_id, _ in rows}
+        span ingest and attempt updates cannot deadlock on Postgres), and say which attempts are the latest and
+        where each rollout's span counter stands."""
+        named = among_value(self.dialect, sorted({span.attempt_id for span in batch}))
+        rows = (await conn.execute(_lock_attempts_statement(self.dialect), {"attempt_ids": named})).all()
+        owner = {attempt_id: rollout_id for attempt_id, rollout_id, _, _ in rows}
         for i, span in enumerate(batch):
             if owner.get(span.attempt_id) != span.rollout_id:
                 await self._raise_missing(conn, span, i)
-        return {attempt_id: bool(latest) for attempt_id, _, latest in rows}
-
-    @staticmethod
-    async def _sequenced(conn: AsyncConnection, batch: list[Span]) -> list[Span]:
-        """``batch`` with sequence ids taken from the rollouts' counters, in order (the rollouts are locked)."""
-        numbers = await _take_sequence_ids(conn, [span.rollout_id for span in batch])
-        return [span.model_copy(update={"sequence_id": n}) for span, n in zip(batch, numbers, strict=True)]
+        latest = {attempt_id: bool(is_latest) for attempt_id, _, is_latest, _ in rows}
+        return latest, {rollout_id: int(counter) for _, rollout_id, _, counter in rows}
 
     async def _raise_missing(self, conn: AsyncConnection, span: Span, index: int) -> None:
         found = await conn.execute(sa.select(rollouts.c.pk).where(rollouts.c.rollout_id == span.rollout_id))
@@ -183,7 +208,8 @@ class SpanOps(AttemptOps):
         self, conn: AsyncConnection, batch: list[Span], latest: dict[str, bool], now: float
     ) -> None:
         """Spans are heartbeats: revive their attempts, mark rollouts running, advance span counters."""
-        await conn.execute(_HEARTBEAT_ATTEMPTS, {"attempt_ids": sorted(latest), "now": now})
+        named = among_value(self.dialect, sorted(latest))
+        await conn.execute(_heartbeat_attempts_statement(self.dialect), {"attempt_ids": named, "now": now})
         per_rollout: dict[str, tuple[int, bool]] = {}
         for span in batch:
             highest, heartbeat = per_rollout.get(span.rollout_id, (0, False))
@@ -211,8 +237,9 @@ class SpanOps(AttemptOps):
             return []
         async with self._write() as (conn, _):
             # The same lock as a span write takes: the attempts' rollouts, in rollout order.
-            rows = await conn.execute(_LOCK_ATTEMPTS, {"attempt_ids": sorted({a for _, a in rollout_attempt_ids})})
-            owner = {attempt_id: rollout_id for attempt_id, rollout_id, _ in rows.all()}
+            named = among_value(self.dialect, sorted({a for _, a in rollout_attempt_ids}))
+            rows = await conn.execute(_lock_attempts_statement(self.dialect), {"attempt_ids": named})
+            owner = {attempt_id: rollout_id for attempt_id, rollout_id, _, _ in rows.all()}
             for i, (rollout_id, attempt_id) in enumerate(rollout_attempt_ids):
                 if owner.get(attempt_id) != rollout_id:
                     raise NotFoundError(

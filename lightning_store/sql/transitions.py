@@ -5,6 +5,7 @@ The rules themselves live in :mod:`lightning_store.lifecycle`; this module turns
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -94,22 +95,35 @@ async def set_rollout_status(
 async def set_rollout_statuses(
     conn: AsyncConnection, wakeups: Wakeups, statuses: dict[str, RolloutStatus], now: float
 ) -> None:
-    """Set each rollout's status: one ``executemany`` per set of columns the statuses change (a terminal one
-    stamps ``end_time``, a queued one ``enqueue_time``)."""
+    """Set each rollout's status (a terminal one stamps ``end_time``, a queued one ``enqueue_time``)."""
+    for status in statuses.values():
+        wake_for_status(wakeups, status)
+    await update_rollouts(
+        conn, {rollout_id: rollout_status_values(status, now) for rollout_id, status in statuses.items()}
+    )
+
+
+async def update_rollouts(conn: AsyncConnection, changes: dict[str, dict[str, Any]]) -> None:
+    """Write each rollout's changed columns (``changes``: rollout id → column → value), one ``executemany`` per
+    set of columns, in rollout order."""
     shapes: dict[tuple[str, ...], list[dict[str, Any]]] = {}
-    for rollout_id, status in sorted(statuses.items()):
-        values = rollout_status_values(status, now)
+    for rollout_id, values in sorted(changes.items()):
         shapes.setdefault(tuple(values), []).append(
             {"of_rollout": rollout_id} | {f"new_{k}": v for k, v in values.items()}
         )
-        wake_for_status(wakeups, status)
     for columns, params in shapes.items():
-        statement = (
-            sa.update(rollouts)
-            .where(rollouts.c.rollout_id == sa.bindparam("of_rollout"))
-            .values({column: sa.bindparam(f"new_{column}") for column in columns})
-        )
-        await conn.execute(statement, params)
+        await conn.execute(_update_rollouts_statement(columns), params)
+
+
+@functools.lru_cache(maxsize=32)
+def _update_rollouts_statement(columns: tuple[str, ...]) -> sa.Update:
+    """``UPDATE rollouts SET <columns> = :new_<column> WHERE rollout_id = :of_rollout``, built once per shape
+    (building a statement costs more than running it)."""
+    return (
+        sa.update(rollouts)
+        .where(rollouts.c.rollout_id == sa.bindparam("of_rollout"))
+        .values({column: sa.bindparam(f"new_{column}") for column in columns})
+    )
 
 
 async def create_attempt(conn: AsyncConnection, rollout_id: str, worker_id: str | None, now: float) -> Attempt:
