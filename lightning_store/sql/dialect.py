@@ -111,28 +111,36 @@ def among(dialect_name: str, column: Any, values: Iterable[str]) -> ColumnElemen
     placeholder per value. The hot reads that take a batch's ids (a wait over a few hundred rollouts re-reads its
     pending ids at every attempt end) spent more CPU there than in the database. One parameter keeps the
     statement's compiled form cached whatever the list's length, and the database unpacks the list."""
-    listed = list(values)
-    if dialect_name == "postgresql":
-        found: ColumnElement[bool] = column == sa.any_(sa.bindparam(None, listed, type_=postgresql.ARRAY(sa.String())))
-        return found
-    unpacked = sa.func.json_each(sa.bindparam(None, json.dumps(listed), type_=sa.String())).table_valued("value")
-    return column.in_(sa.select(unpacked.c.value))  # type: ignore[no-any-return]
+    return _among(dialect_name, column, None, among_value(dialect_name, values))
 
 
 def among_param(dialect_name: str, column: Any, name: str) -> ColumnElement[bool]:
     """:func:`among` with the list bound at execution, as parameter ``name`` (its value from
     :func:`among_value`): for statements built once and executed many times."""
-    if dialect_name == "postgresql":
-        found: ColumnElement[bool] = column == sa.any_(sa.bindparam(name, type_=postgresql.ARRAY(sa.String())))
-        return found
-    unpacked = sa.func.json_each(sa.bindparam(name, type_=sa.String())).table_valued("value")
-    return column.in_(sa.select(unpacked.c.value))  # type: ignore[no-any-return]
+    return _among(dialect_name, column, name, None)
 
 
 def among_value(dialect_name: str, values: Iterable[str]) -> Any:
     """The value of an :func:`among_param` parameter: the list itself on Postgres, its JSON text on SQLite."""
     listed = list(values)
     return listed if dialect_name == "postgresql" else json.dumps(listed)
+
+
+def _among(dialect_name: str, column: Any, name: str | None, value: Any) -> ColumnElement[bool]:
+    """``column`` among the list bound as parameter ``name`` (``None``: an anonymous one holding ``value``)."""
+    bound: dict[str, Any] = {} if value is None else {"value": value}
+    if dialect_name == "postgresql":
+        listed = sa.bindparam(name, type_=postgresql.ARRAY(sa.String()), **bound)
+        found: ColumnElement[bool] = column == sa.any_(listed)
+        return found
+    unpacked = sa.func.json_each(sa.bindparam(name, type_=sa.String(), **bound)).table_valued("value")
+    return column.in_(sa.select(unpacked.c.value))  # type: ignore[no-any-return]
+
+
+def inlined(values: Iterable[str]) -> list[ColumnElement[str]]:
+    """Values written into the SQL as literals: an ``IN`` over them stays one compiled statement (an expanding
+    ``IN`` is rendered anew at every execution) and usable in executemany."""
+    return [sa.literal_column(f"'{value}'") for value in values]
 
 
 def contains_text(dialect_name: str, column: Any, needle: str) -> ColumnElement[bool]:

@@ -35,6 +35,7 @@ from lightning_store.sql.dialect import (
     among_param,
     among_value,
     contains_text,
+    inlined,
     insert_ignoring_conflicts,
     json_matches,
 )
@@ -44,19 +45,17 @@ from lightning_store.sql.rows import attempted_from_row, new_id, rollout_from_ro
 from lightning_store.sql.schema import QUEUED, resources, rollouts
 from lightning_store.sql.workers import WorkerOps
 
-# The claim. The partial index ix_rollouts_queue covers exactly this predicate (a literal, so the planner can match
-# it). SKIP LOCKED lets concurrent claimers take the next rows instead of waiting for ours; a row we lock is never
-# handed to anyone else, and its attempt is created in the same transaction.
-
 
 @functools.cache
 def _finished_among(dialect: str) -> sa.Select[Any]:
-    """The ids of the rollouts among parameter ``ids`` (an :func:`among_value`) that have finished (the statuses
-    inlined: an expanding ``IN`` is rendered anew at every execution)."""
-    finished = rollouts.c.status.in_([sa.literal_column(f"'{status}'") for status in TERMINAL_ROLLOUT_STATUSES])
+    """The ids of the rollouts among parameter ``ids`` (an :func:`among_value`) that have finished."""
+    finished = rollouts.c.status.in_(inlined(TERMINAL_ROLLOUT_STATUSES))
     return sa.select(rollouts.c.rollout_id).where(among_param(dialect, rollouts.c.rollout_id, "ids"), finished)
 
 
+# The claim. The partial index ix_rollouts_queue covers exactly this predicate (a literal, so the planner can match
+# it). SKIP LOCKED lets concurrent claimers take the next rows instead of waiting for ours; a row we lock is never
+# handed to anyone else, and its attempt is created in the same transaction.
 _CLAIM = (
     sa.update(rollouts)
     .where(

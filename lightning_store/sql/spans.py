@@ -19,7 +19,14 @@ from lightning_store.models import FilterLogic, PaginatedResult, SortOrder
 from lightning_store.spans import Span
 from lightning_store.sql import validate
 from lightning_store.sql.attempts import AttemptOps
-from lightning_store.sql.dialect import among_param, among_value, contains_text, insert_from_json_array, jsonb_text
+from lightning_store.sql.dialect import (
+    among_param,
+    among_value,
+    contains_text,
+    inlined,
+    insert_from_json_array,
+    jsonb_text,
+)
 from lightning_store.sql.paging import combine, fetch_page
 from lightning_store.sql.rows import span_from_row
 from lightning_store.sql.schema import attempts, rollouts, spans
@@ -28,11 +35,6 @@ SPAN_SORTABLE = ("sequence_id", "start_time", "end_time", "name", "trace_id", "s
 SPAN_KEY = ("rollout_id", "attempt_id", "span_id")
 SPAN_FIELDS = tuple(Span.model_fields)
 _span_list: TypeAdapter[list[Span]] = TypeAdapter(list[Span])
-
-
-def _literals(values: Sequence[str]) -> list[sa.ColumnElement[str]]:
-    """Values inlined into the SQL: an ``IN`` over them stays usable in executemany (no expanding parameter)."""
-    return [sa.literal_column(f"'{value}'") for value in values]
 
 
 # The statements of the ingest path are built once (building one costs more than running it).
@@ -68,7 +70,7 @@ def _heartbeat_attempts_statement(dialect: str) -> sa.Update:
         .values(
             last_heartbeat_time=sa.bindparam("now", type_=sa.Double()),
             status=sa.case(
-                (attempts.c.status.in_(_literals(lifecycle.REVIVED_ATTEMPT_STATUSES)), sa.literal("running")),
+                (attempts.c.status.in_(inlined(lifecycle.REVIVED_ATTEMPT_STATUSES)), sa.literal("running")),
                 else_=attempts.c.status,
             ),
         )
@@ -85,7 +87,7 @@ _HEARTBEAT_ROLLOUTS = (
             (
                 sa.and_(
                     sa.bindparam("beat", type_=sa.Boolean()),
-                    rollouts.c.status.in_(_literals(lifecycle.REVIVED_ROLLOUT_STATUSES)),
+                    rollouts.c.status.in_(inlined(lifecycle.REVIVED_ROLLOUT_STATUSES)),
                 ),
                 sa.literal("running"),
             ),
