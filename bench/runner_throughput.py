@@ -79,7 +79,7 @@ def echo_upstream(directory: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def runner(url: str, agent: str, workers: int, directory: Path) -> Iterator[None]:
+def runner(url: str, agent: str, workers: int, directory: Path) -> Iterator[subprocess.Popen[bytes]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_STORE_")}
     with (directory / f"runner-{workers}.log").open("wb") as sink:
         process = subprocess.Popen(
@@ -100,7 +100,7 @@ def runner(url: str, agent: str, workers: int, directory: Path) -> Iterator[None
             start_new_session=True,
         )
     try:
-        yield
+        yield process  # the leader of the runner's process group (its workers are in it)
     finally:
         stop(process)
 

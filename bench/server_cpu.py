@@ -6,8 +6,9 @@ For each backend, a fresh ``store serve`` (a subprocess leading its own process 
 above 1 its uvicorn workers are in the group too) and a fresh ``store run`` with ``--workers`` processes of the
 agent (``bench/runner_agents.py``). After a warm-up batch, ``--rollouts`` rollouts are enqueued in one call and
 waited for; the CPU time (user + system, from ``/proc/<pid>/stat``) of every process in the server's group over
-that batch, divided by the rollouts, is the server's CPU per rollout. The same is read for PostgreSQL's processes
-(every process named ``postgres`` on the machine: run nothing else against it meanwhile).
+that batch, divided by the rollouts, is the server's CPU per rollout. The same is read for the runner's process group
+(``store run`` and its workers: what the agents' side spends per rollout) and for PostgreSQL's processes (every
+process named ``postgres`` on the machine: run nothing else against it meanwhile).
 
 * ``noop``: the agent returns a reward at once, so the server's CPU is the lifecycle's: enqueue (one call for
   the batch), the claim (which carries the resources), the end (which carries the attempt's spans), heartbeats,
@@ -89,19 +90,24 @@ async def _batch(store: HttpStore, rollouts: int) -> None:
         raise RuntimeError(f"rollouts ended {statuses}")
 
 
-async def measure(url: str, pgid: int, upstream: str, workers: int, rollouts: int) -> dict[str, float]:
-    """Server and Postgres CPU-seconds per rollout over one batch, after a warm-up batch."""
+async def measure(
+    url: str, pgid: int, runner_pgid: int, upstream: str, workers: int, rollouts: int
+) -> dict[str, float]:
+    """Server, runner and Postgres CPU-seconds per rollout over one batch, after a warm-up batch."""
     store = HttpStore(url)
     try:
         await ready(store, upstream, workers)
         await _batch(store, WARMUP)
-        server0, pg0, wall0 = group_cpu(pgid), postgres_cpu(), asyncio.get_running_loop().time()
+        server0, runner0, pg0 = group_cpu(pgid), group_cpu(runner_pgid), postgres_cpu()
+        wall0 = asyncio.get_running_loop().time()
         await _batch(store, rollouts)
-        server1, pg1, wall1 = group_cpu(pgid), postgres_cpu(), asyncio.get_running_loop().time()
+        server1, runner1, pg1 = group_cpu(pgid), group_cpu(runner_pgid), postgres_cpu()
+        wall1 = asyncio.get_running_loop().time()
     finally:
         await store.close()
     return {
         "server_cpu_ms": (server1 - server0) / rollouts * 1000,
+        "runner_cpu_ms": (runner1 - runner0) / rollouts * 1000,
         "postgres_cpu_ms": (pg1 - pg0) / rollouts * 1000,
         "rollouts_per_s": rollouts / (wall1 - wall0),
     }
@@ -117,9 +123,9 @@ def run(args: argparse.Namespace, directory: Path) -> list[dict[str, Any]]:
                 with (
                     database(backend, args.postgres_url, directory) as url,
                     server_process(backend, directory, url, extra=extra) as (base, process),
-                    runner(base, agent, args.workers, directory),
+                    runner(base, agent, args.workers, directory) as runs,
                 ):
-                    found = asyncio.run(measure(base, process.pid, upstream, args.workers, args.rollouts))
+                    found = asyncio.run(measure(base, process.pid, runs.pid, upstream, args.workers, args.rollouts))
                 if backend != "postgres":
                     found["postgres_cpu_ms"] = 0.0
                 log(f"[{backend}] {agent}: {found['server_cpu_ms']:.2f} ms server CPU per rollout")
@@ -132,6 +138,7 @@ def run(args: argparse.Namespace, directory: Path) -> list[dict[str, Any]]:
                     "agent": "per proxied call",
                     "workers": args.workers,
                     "server_cpu_ms": per_call,
+                    "runner_cpu_ms": (six["runner_cpu_ms"] - noop["runner_cpu_ms"]) / CALLS,
                     "postgres_cpu_ms": (six["postgres_cpu_ms"] - noop["postgres_cpu_ms"]) / CALLS,
                 }
             )
@@ -156,11 +163,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(json.dumps(results, indent=2))
         return
     table = Table(title=f"server CPU per rollout ({args.rollouts} rollouts, {args.workers} runner workers)")
-    for column in ("backend", "agent", "server CPU ms", "Postgres CPU ms", "rollouts/s"):
+    for column in ("backend", "agent", "server CPU ms", "Postgres CPU ms", "runner CPU ms", "rollouts/s"):
         table.add_column(column, justify="right" if "ms" in column or "/s" in column else "left")
     for r in results:
         rate = f"{r['rollouts_per_s']:.1f}" if "rollouts_per_s" in r else ""
-        table.add_row(r["backend"], r["agent"], f"{r['server_cpu_ms']:.2f}", f"{r['postgres_cpu_ms']:.2f}", rate)
+        cpu = [f"{r[key]:.2f}" for key in ("server_cpu_ms", "postgres_cpu_ms", "runner_cpu_ms")]
+        table.add_row(r["backend"], r["agent"], *cpu, rate)
     Console().print(table)
 
 

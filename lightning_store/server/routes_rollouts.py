@@ -77,10 +77,10 @@ async def start_rollout(body: wire.StartRolloutBody, store: Store) -> dict[str, 
     return wire.rollout_json(started)
 
 
-@router.post("/rollouts/search")
-async def search_rollouts(body: wire.QueryRolloutsBody, store: Store) -> dict[str, Any]:
+@router.post("/rollouts/search", response_model=dict[str, Any])
+async def search_rollouts(body: wire.QueryRolloutsBody, store: Store) -> Response:
     page = await store.query_rollouts(**body.model_dump())
-    return wire.page_json(page)
+    return wire.page_response(page)
 
 
 @router.get("/rollouts/{rollout_id}")
@@ -103,9 +103,9 @@ async def start_attempt(
     return wire.rollout_json(started)
 
 
-@router.post("/rollouts/{rollout_id}/attempts/search")
-async def search_attempts(rollout_id: str, body: wire.QueryAttemptsBody, store: Store) -> dict[str, Any]:
-    return wire.page_json(await store.query_attempts(rollout_id, **body.model_dump()))
+@router.post("/rollouts/{rollout_id}/attempts/search", response_model=dict[str, Any])
+async def search_attempts(rollout_id: str, body: wire.QueryAttemptsBody, store: Store) -> Response:
+    return wire.page_response(await store.query_attempts(rollout_id, **body.model_dump()))
 
 
 @router.get("/rollouts/{rollout_id}/attempts/latest")

@@ -64,16 +64,16 @@ async def add_many_spans(body: wire.SpansBody, store: Store) -> Response:
     return Response(b'{"spans":' + _SPAN_LIST.dump_json(added) + b"}", status_code=201, media_type="application/json")
 
 
-@router.post("/spans/search")
-async def search_spans(body: wire.QuerySpansBody, store: Store) -> dict[str, Any]:
+@router.post("/spans/search", response_model=dict[str, Any])
+async def search_spans(body: wire.QuerySpansBody, store: Store) -> Response:
     fields = body.model_dump()
-    return wire.page_json(await store.query_spans(fields.pop("rollout_id"), fields.pop("attempt_id"), **fields))
+    return wire.page_response(await store.query_spans(fields.pop("rollout_id"), fields.pop("attempt_id"), **fields))
 
 
-@router.post("/spans/query")
-async def search_spans_across_rollouts(body: wire.SearchSpansBody, store: Store) -> dict[str, Any]:
+@router.post("/spans/query", response_model=dict[str, Any])
+async def search_spans_across_rollouts(body: wire.SearchSpansBody, store: Store) -> Response:
     """Read-only span search across rollouts (an addition): every given filter applies."""
-    return wire.page_json(await store.search_spans(**body.model_dump()))
+    return wire.page_response(await store.search_spans(**body.model_dump()))
 
 
 @router.post("/spans/next")
@@ -101,7 +101,7 @@ async def query_llm_calls(body: wire.QueryLlmCallsBody, store: Store) -> dict[st
     return {"items": [call.model_dump(mode="json") for call in calls]}
 
 
-@router.get("/resources")
+@router.get("/resources", response_model=dict[str, Any])
 async def query_resources(
     store: Store,
     resources_id: str | None = None,
@@ -110,7 +110,7 @@ async def query_resources(
     sort_order: Annotated[str, Query(pattern="^(asc|desc)$")] = "asc",
     limit: int = -1,
     offset: int = 0,
-) -> dict[str, Any]:
+) -> Response:
     page = await store.query_resources(
         resources_id=resources_id,
         resources_id_contains=resources_id_contains,
@@ -119,7 +119,7 @@ async def query_resources(
         limit=limit,
         offset=offset,
     )
-    return wire.page_json(page)
+    return wire.page_response(page)
 
 
 @router.post("/resources", status_code=201)
@@ -151,9 +151,9 @@ async def attempt_resources(rollout_id: str, attempt_id: str, store: Store) -> d
     return None if found is None else found.model_dump(mode="json")
 
 
-@router.post("/workers/search")
-async def search_workers(body: wire.QueryWorkersBody, store: Store) -> dict[str, Any]:
-    return wire.page_json(await store.query_workers(**body.model_dump()))
+@router.post("/workers/search", response_model=dict[str, Any])
+async def search_workers(body: wire.QueryWorkersBody, store: Store) -> Response:
+    return wire.page_response(await store.query_workers(**body.model_dump()))
 
 
 @router.get("/workers/{worker_id}")

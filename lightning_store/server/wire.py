@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import Response
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from lightning_store.contract import UNSET
 from lightning_store.errors import InvalidRequestError
@@ -208,9 +209,17 @@ def rollout_json(rollout: Rollout, *, with_attempt: bool = True) -> dict[str, An
     return data
 
 
-def page_json(page: PaginatedResult[Any]) -> dict[str, Any]:
-    items = [rollout_json(item) if isinstance(item, Rollout) else item.model_dump(mode="json") for item in page]
-    return {"items": items, "limit": page.limit, "offset": page.offset, "total": page.total}
+_ANY_JSON: TypeAdapter[Any] = TypeAdapter(Any)
+"""Encodes a model where it finds one as that model's own class dumps it (a subclass's fields included)."""
+
+
+def page_response(page: PaginatedResult[Any]) -> Response:
+    """A page as the answer's JSON (``items``, ``limit``, ``offset``, ``total``), each item as its own model
+    dumps it (a rollout with its latest attempt, where it has one), encoded in one call of pydantic's serializer.
+    Why not a dict for FastAPI to encode: a dict per item, then FastAPI's pass over the whole answer, cost more
+    than the query on a page of 100 rollouts."""
+    page_fields = {"items": page.items, "limit": page.limit, "offset": page.offset, "total": page.total}
+    return Response(_ANY_JSON.dump_json(page_fields), media_type="application/json")
 
 
 def long_poll(timeout: float | None) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -22,10 +23,22 @@ from lightning_store.models import (
 )
 from lightning_store.sql import transitions, validate
 from lightning_store.sql.base import SqlBase, Wakeups
-from lightning_store.sql.dialect import among
+from lightning_store.sql.dialect import among_param, among_value
 from lightning_store.sql.paging import fetch_page
 from lightning_store.sql.rows import attempt_from_row
 from lightning_store.sql.schema import attempts
+
+
+@functools.cache
+def _latest_among(dialect: str) -> sa.Select[Any]:
+    """The latest attempt of each rollout in parameter ``rollout_ids`` (an :func:`among_value`), built once per
+    dialect: building it took longer than running it, on every page of rollouts and every claim."""
+    later = attempts.alias("later")
+    return sa.select(attempts).where(
+        among_param(dialect, attempts.c.rollout_id, "rollout_ids"),
+        ~sa.exists().where(later.c.rollout_id == attempts.c.rollout_id, later.c.sequence_id > attempts.c.sequence_id),
+    )
+
 
 ATTEMPT_SORTABLE = ("sequence_id", "attempt_id", "start_time", "end_time", "status", "worker_id", "last_heartbeat_time")
 
@@ -35,14 +48,9 @@ class AttemptOps(SqlBase):
         """The latest attempt of each rollout that has one, in one query."""
         if not rollout_ids:
             return {}
-        later = attempts.alias("later")
-        query = sa.select(attempts).where(
-            among(self.dialect, attempts.c.rollout_id, set(rollout_ids)),
-            ~sa.exists().where(
-                later.c.rollout_id == attempts.c.rollout_id, later.c.sequence_id > attempts.c.sequence_id
-            ),
-        )
-        return {row["rollout_id"]: attempt_from_row(row) for row in (await conn.execute(query)).mappings()}
+        ids = {"rollout_ids": among_value(self.dialect, set(rollout_ids))}
+        found = (await conn.execute(_latest_among(self.dialect), ids)).mappings()
+        return {row["rollout_id"]: attempt_from_row(row) for row in found}
 
     async def query_attempts(
         self,

@@ -17,7 +17,6 @@ from lightning_store.models import (
     ROLLOUT_STATUSES,
     TERMINAL_ROLLOUT_STATUSES,
     AttemptedRollout,
-    Claim,
     EnqueueRolloutRequest,
     FilterLogic,
     PaginatedResult,
@@ -29,7 +28,8 @@ from lightning_store.models import (
     TaskInput,
 )
 from lightning_store.sql import transitions, validate
-from lightning_store.sql.attempts import AttemptOps
+from lightning_store.sql.claims import ClaimOps
+from lightning_store.sql.coalesce import Coalescer
 from lightning_store.sql.dialect import (
     among,
     among_param,
@@ -40,10 +40,8 @@ from lightning_store.sql.dialect import (
     json_matches,
 )
 from lightning_store.sql.paging import combine, fetch_page
-from lightning_store.sql.resources import resources_for_ids
 from lightning_store.sql.rows import attempted_from_row, new_id, rollout_from_row
-from lightning_store.sql.schema import QUEUED, resources, rollouts
-from lightning_store.sql.workers import WorkerOps
+from lightning_store.sql.schema import resources, rollouts
 
 
 @functools.cache
@@ -52,25 +50,6 @@ def _finished_among(dialect: str) -> sa.Select[Any]:
     finished = rollouts.c.status.in_(inlined(TERMINAL_ROLLOUT_STATUSES))
     return sa.select(rollouts.c.rollout_id).where(among_param(dialect, rollouts.c.rollout_id, "ids"), finished)
 
-
-# The claim. The partial index ix_rollouts_queue covers exactly this predicate (a literal, so the planner can match
-# it). SKIP LOCKED lets concurrent claimers take the next rows instead of waiting for ours; a row we lock is never
-# handed to anyone else, and its attempt is created in the same transaction.
-_CLAIM = (
-    sa.update(rollouts)
-    .where(
-        rollouts.c.pk.in_(
-            sa.select(rollouts.c.pk)
-            .where(sa.text(QUEUED))
-            .order_by(rollouts.c.enqueue_time, rollouts.c.pk)
-            .limit(sa.bindparam("limit"))
-            .with_for_update(skip_locked=True)
-            .scalar_subquery()
-        )
-    )
-    .values(status="preparing")
-    .returning(*rollouts.c)
-)
 
 _LATEST_RESOURCES_ID = (
     sa.select(resources.c.resources_id).order_by(resources.c.update_time.desc(), resources.c.pk.desc()).limit(1)
@@ -93,7 +72,7 @@ def _new_row(request: EnqueueRolloutRequest, default_resources: str | None, now:
     }
 
 
-class RolloutOps(AttemptOps, WorkerOps):
+class RolloutOps(ClaimOps):
     async def enqueue_rollout(
         self,
         input: TaskInput,
@@ -125,6 +104,15 @@ class RolloutOps(AttemptOps, WorkerOps):
         ]
         if not requests:
             return []
+        return await self._enqueue_coalesced(requests)
+
+    @functools.cached_property
+    def _enqueue_coalesced(self) -> Coalescer[EnqueueRolloutRequest, Rollout]:
+        """Concurrent enqueues in one transaction (:mod:`~lightning_store.sql.coalesce`): Agent Lightning's
+        algorithms enqueue their tasks one call each, many at once."""
+        return Coalescer(self._enqueue)
+
+    async def _enqueue(self, requests: list[EnqueueRolloutRequest]) -> list[Rollout]:
         now = time.time()
         async with self._write() as (conn, wakeups):
             default_resources = await self._resolve_resources(conn, requests)
@@ -173,60 +161,6 @@ class RolloutOps(AttemptOps, WorkerOps):
             attempt = await transitions.create_attempt(conn, new["rollout_id"], worker_id, now)
             await transitions.sync_worker(conn, self.dialect, attempt, now)
         return attempted_from_row(stored, attempt)
-
-    async def dequeue_rollout(
-        self, worker_id: str | None = None, *, timeout: float | None = None
-    ) -> AttemptedRollout | None:
-        claimed = await self.dequeue_many_rollouts(limit=1, worker_id=worker_id, timeout=timeout)
-        return claimed[0] if claimed else None
-
-    async def dequeue_many_rollouts(
-        self, *, limit: int = 1, worker_id: str | None = None, timeout: float | None = None
-    ) -> Sequence[AttemptedRollout]:
-        return [claim.rollout for claim in await self._dequeue(limit, worker_id, timeout, with_resources=False)]
-
-    async def claim_rollouts(
-        self, *, limit: int = 1, worker_id: str | None = None, timeout: float | None = None
-    ) -> list[Claim]:
-        return await self._dequeue(limit, worker_id, timeout, with_resources=True)
-
-    async def _dequeue(
-        self, limit: int, worker_id: str | None, timeout: float | None, *, with_resources: bool
-    ) -> list[Claim]:
-        if limit <= 0:
-            return []
-        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
-        claimed = await self._claim(limit, worker_id, mark_idle=True, with_resources=with_resources)
-        # Blocking: sleep until an enqueue wakes us (or the poll interval passes), then claim only when a cheap
-        # read sees work, so that idle waiters take no write lock.
-        while not claimed and deadline is not None and await self._wait_for_change("queue", deadline):
-            if await self._queue_has_work():
-                claimed = await self._claim(limit, worker_id, mark_idle=False, with_resources=with_resources)
-        return claimed
-
-    async def _queue_has_work(self) -> bool:
-        async with self._read(snapshot=False) as conn:
-            found = await conn.execute(sa.select(rollouts.c.pk).where(sa.text(QUEUED)).limit(1))
-            return found.first() is not None
-
-    async def _claim(self, limit: int, worker_id: str | None, *, mark_idle: bool, with_resources: bool) -> list[Claim]:
-        """Pop up to ``limit`` rollouts and create their attempts in one transaction; ``with_resources``: read
-        the resources each attempt runs with in it too (one transaction where a claim took two)."""
-        now = time.time()
-        async with self._write() as (conn, _):
-            claimed_rows = (await conn.execute(_CLAIM, {"limit": limit})).mappings().all()
-            rows = sorted(claimed_rows, key=lambda r: (r["enqueue_time"], r["pk"]))
-            if not rows:
-                if worker_id and mark_idle:
-                    await self._mark_worker_idle(conn, worker_id, now)
-                return []
-            attempts_ = await transitions.create_attempts(conn, [row["rollout_id"] for row in rows], worker_id, now)
-            claimed = [attempted_from_row(row, attempt) for row, attempt in zip(rows, attempts_, strict=True)]
-            await transitions.sync_worker(conn, self.dialect, claimed[-1].attempt, now, dequeued=True)
-            found = (
-                await resources_for_ids(conn, self.dialect, [r.resources_id for r in claimed]) if with_resources else {}
-            )
-        return [Claim(rollout=one, resources=found.get(one.resources_id)) for one in claimed]
 
     async def start_attempt(self, rollout_id: str, worker_id: str | None = None) -> AttemptedRollout:
         now = time.time()

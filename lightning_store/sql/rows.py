@@ -10,12 +10,10 @@ import sqlalchemy as sa
 
 from lightning_store.models import Attempt, AttemptedRollout, Rollout, RolloutConfig, Worker
 from lightning_store.resources import ResourcesUpdate
-from lightning_store.spans import Span
 
 ROLLOUT_COLUMNS = ("rollout_id", "input", "start_time", "end_time", "mode", "resources_id", "status", "metadata")
 ATTEMPT_COLUMNS = tuple(Attempt.model_fields)
 WORKER_COLUMNS = tuple(Worker.model_fields)
-SPAN_COLUMNS = tuple(Span.model_fields)
 
 
 def new_id(prefix: str, nbytes: int = 6) -> str:
@@ -53,9 +51,3 @@ def resources_from_row(row: sa.RowMapping) -> ResourcesUpdate:
     return ResourcesUpdate.model_validate(
         {name: row[name] for name in ("resources_id", "create_time", "update_time", "version", "resources")}
     )
-
-
-def span_from_row(row: sa.RowMapping) -> Span:
-    data: dict[str, Any] = dict(row["extra"] or {})
-    data.update({name: row[name] for name in SPAN_COLUMNS})
-    return Span.model_validate(data)

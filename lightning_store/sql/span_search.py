@@ -18,8 +18,8 @@ from lightning_store.sql import validate
 from lightning_store.sql.base import SqlBase
 from lightning_store.sql.dialect import json_matches
 from lightning_store.sql.paging import fetch_page
-from lightning_store.sql.rows import span_from_row
 from lightning_store.sql.schema import rollouts, spans
+from lightning_store.sql.span_rows import span_columns, span_from_text_row
 
 SEARCH_SORTABLE = ("start_time", "end_time", "name", "rollout_id")
 STATUS_CODES = ("UNSET", "OK", "ERROR")
@@ -62,7 +62,7 @@ class SpanSearchOps(SqlBase):
             conditions.append(spans.c.start_time >= start_time_from)
         if start_time_to is not None:
             conditions.append(spans.c.start_time <= start_time_to)
-        query = sa.select(spans)
+        query = sa.select(*span_columns(self.dialect))
         if mode_in is not None:
             validate.all_of(mode_in, ROLLOUT_MODES, "mode_in")
             query = query.join(rollouts, rollouts.c.rollout_id == spans.c.rollout_id)
@@ -81,7 +81,7 @@ class SpanSearchOps(SqlBase):
                 offset=offset,
                 tiebreak=spans.c.pk,
             )
-        return PaginatedResult(items=[span_from_row(r) for r in rows], limit=limit, offset=offset, total=total)
+        return PaginatedResult(items=[span_from_text_row(r) for r in rows], limit=limit, offset=offset, total=total)
 
 
 def _id_filters(**lists: Sequence[str] | None) -> list[sa.ColumnElement[bool]]:

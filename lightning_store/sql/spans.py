@@ -19,6 +19,7 @@ from lightning_store.models import FilterLogic, PaginatedResult, SortOrder
 from lightning_store.spans import Span
 from lightning_store.sql import validate
 from lightning_store.sql.attempts import AttemptOps
+from lightning_store.sql.coalesce import Coalescer
 from lightning_store.sql.dialect import (
     among_param,
     among_value,
@@ -28,8 +29,8 @@ from lightning_store.sql.dialect import (
     jsonb_text,
 )
 from lightning_store.sql.paging import combine, fetch_page
-from lightning_store.sql.rows import span_from_row
 from lightning_store.sql.schema import attempts, rollouts, spans
+from lightning_store.sql.span_rows import span_columns, span_from_text_row
 
 SPAN_SORTABLE = ("sequence_id", "start_time", "end_time", "name", "trace_id", "span_id", "parent_id")
 SPAN_KEY = ("rollout_id", "attempt_id", "span_id")
@@ -150,11 +151,34 @@ class SpanOps(AttemptOps):
         ]
         if not batch:
             return []
+        coalesced = self._numbered_spans if allocate_sequence_ids else self._spans_as_given
+        return [span for span in await coalesced(batch) if span is not None]
+
+    @functools.cached_property
+    def _spans_as_given(self) -> Coalescer[Span, Span | None]:
+        """Concurrent span writes in one transaction (:mod:`~lightning_store.sql.coalesce`): Agent Lightning's
+        client sends every span in a request of its own."""
+        return Coalescer(functools.partial(self._write_spans, allocate_sequence_ids=False))
+
+    @functools.cached_property
+    def _numbered_spans(self) -> Coalescer[Span, Span | None]:
+        """:attr:`_spans_as_given` for writes that have the store number their spans."""
+        return Coalescer(functools.partial(self._write_spans, allocate_sequence_ids=True))
+
+    async def _write_spans(self, batch: list[Span], *, allocate_sequence_ids: bool) -> list[Span | None]:
         async with self._write() as (conn, _):
-            return await self._add_spans(conn, batch, allocate_sequence_ids=allocate_sequence_ids)
+            return await self._add_each_span(conn, batch, allocate_sequence_ids=allocate_sequence_ids)
 
     async def _add_spans(self, conn: AsyncConnection, batch: list[Span], *, allocate_sequence_ids: bool) -> list[Span]:
         """:meth:`add_many_spans` of validated spans, in the caller's write transaction."""
+        added = await self._add_each_span(conn, batch, allocate_sequence_ids=allocate_sequence_ids)
+        return [span for span in added if span is not None]
+
+    async def _add_each_span(
+        self, conn: AsyncConnection, batch: list[Span], *, allocate_sequence_ids: bool
+    ) -> list[Span | None]:
+        """For each span of ``batch``, the span as stored, or None where it was already stored (a duplicate, also of
+        a span before it in ``batch``)."""
         now = time.time()
         latest, counters = await self._lock_attempts(conn, batch)
         if allocate_sequence_ids:
@@ -162,12 +186,11 @@ class SpanOps(AttemptOps):
         new_keys = await self._insert(conn, batch)
         await self._record_heartbeats(conn, batch, latest, now)
         seen: set[tuple[str, ...]] = set()
-        added = []
+        added: list[Span | None] = []
         for span in batch:
             key = (span.rollout_id, span.attempt_id, span.span_id)
-            if key in new_keys and key not in seen:
-                seen.add(key)
-                added.append(span)
+            added.append(span if key in new_keys and key not in seen else None)
+            seen.add(key)
         return added
 
     async def _insert(self, conn: AsyncConnection, batch: list[Span]) -> set[tuple[str, ...]]:
@@ -279,7 +302,7 @@ class SpanOps(AttemptOps):
                 conditions.append(column == exact)
             if contains is not None:
                 conditions.append(contains_text(self.dialect, column, contains))
-        query = sa.select(spans).where(spans.c.rollout_id == rollout_id)
+        query = sa.select(*span_columns(self.dialect)).where(spans.c.rollout_id == rollout_id)
         combined = combine(conditions, filter_logic)
         if combined is not None:
             query = query.where(combined)
@@ -298,7 +321,7 @@ class SpanOps(AttemptOps):
                 offset=offset,
                 tiebreak=spans.c.pk,
             )
-        return PaginatedResult(items=[span_from_row(r) for r in rows], limit=limit, offset=offset, total=total)
+        return PaginatedResult(items=[span_from_text_row(r) for r in rows], limit=limit, offset=offset, total=total)
 
     async def _resolve_attempt(self, conn: AsyncConnection, rollout_id: str, attempt_id: str | None) -> Any:
         """``None`` for all attempts; the latest attempt's id for ``"latest"`` (``""``, matching nothing, when

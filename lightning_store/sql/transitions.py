@@ -128,14 +128,18 @@ def _update_rollouts_statement(columns: tuple[str, ...]) -> sa.Update:
 
 async def create_attempt(conn: AsyncConnection, rollout_id: str, worker_id: str | None, now: float) -> Attempt:
     """Insert the next attempt of a (locked) rollout."""
-    return (await create_attempts(conn, [rollout_id], worker_id, now))[0]
+    return (await create_attempts(conn, [rollout_id], [worker_id], now))[0]
 
 
 async def create_attempts(
-    conn: AsyncConnection, rollout_ids: list[str], worker_id: str | None, now: float
+    conn: AsyncConnection, rollout_ids: Sequence[str], worker_ids: Sequence[str | None], now: float
 ) -> list[Attempt]:
-    """Insert the next attempt of each (locked) rollout in one statement; sequence ids follow the last ones."""
-    new = [_new_attempt(rollout_id, worker_id, now, 0) for rollout_id in rollout_ids]
+    """Insert the next attempt of each (locked) rollout, run by the worker at the same position of
+    ``worker_ids``, in one statement; sequence ids follow the last ones."""
+    new = [
+        _new_attempt(rollout_id, worker_id, now, 0)
+        for rollout_id, worker_id in zip(rollout_ids, worker_ids, strict=True)
+    ]
     params = [{**attempt.model_dump(exclude={"sequence_id"}), "of_rollout": attempt.rollout_id} for attempt in new]
     sequence_ids: dict[str, int] = dict((await conn.execute(_INSERT_NEXT_ATTEMPT, params)).all())
     return [attempt.model_copy(update={"sequence_id": sequence_ids[attempt.attempt_id]}) for attempt in new]

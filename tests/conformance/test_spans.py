@@ -732,6 +732,32 @@ async def test_concurrent_duplicate_spans_are_stored_once(store: LightningStore,
     assert (await store.query_spans(rollout.rollout_id)).total == 1
 
 
+async def test_concurrent_span_writes_each_get_their_own_answer_and_a_bad_one_fails_alone(
+    store: LightningStore,
+) -> None:
+    # Concurrent writes may share a transaction (the SQL store coalesces them): a write naming an unknown attempt
+    # fails on its own, every other write lands, and each caller gets back its own new spans.
+    first, second = await store.start_rollout({"q": 1}), await store.start_rollout({"q": 2})
+
+    async def ids(spans: list[Span], **kwargs: Any) -> list[str]:
+        return [span.span_id for span in await store.add_many_spans(spans, **kwargs)]
+
+    pairs = [ids([make_span(first, f"a{i}", sequence_id=i), make_span(second, f"b{i}")]) for i in range(8)]
+    unknown = ids([make_span(first, "x1", attempt_id="at-unknown")])
+    repeat = ids([make_span(first, "a0")])
+    numbered = ids([make_span(second, "n", sequence_id=0)], allocate_sequence_ids=True)
+    results = await asyncio.gather(*pairs, unknown, repeat, numbered, return_exceptions=True)
+
+    assert isinstance(results[8], NotFoundError)
+    assert results[1:8] == [[f"a{i}", f"b{i}"] for i in range(1, 8)]
+    # a0 is new to exactly one of the two writes that carry it.
+    assert (results[0], results[9]) in ((["a0", "b0"], []), (["b0"], ["a0"]))
+    assert results[10] == ["n"]
+    assert sorted(s.span_id for s in await spans_of(store, first.rollout_id)) == [f"a{i}" for i in range(8)]
+    assert len(await spans_of(store, second.rollout_id)) == 9
+    assert len({s.sequence_id for s in await spans_of(store, second.rollout_id) if s.span_id == "n"} - {0}) == 1
+
+
 async def test_add_many_spans_of_several_rollouts_in_one_batch(store: LightningStore) -> None:
     first, second = await store.start_rollout({"q": 1}), await store.start_rollout({"q": 2})
 

@@ -145,6 +145,54 @@ async def test_concurrent_dequeue_claims_each_rollout_exactly_once(store_factory
     assert stats["rollouts_by_status"] == {"preparing": 500}
 
 
+async def test_concurrent_enqueues_each_get_their_own_rollouts(store: LightningStore) -> None:
+    # Concurrent calls may share a transaction (the SQL store coalesces them): each still gets its own answer, in
+    # its own order, and a rollout id named by two concurrent calls is stored once and returned to both.
+    def batch(call: int) -> list[EnqueueRolloutRequest]:
+        return [EnqueueRolloutRequest(input={"call": call, "item": item}) for item in range(call % 3 + 1)]
+
+    named = [EnqueueRolloutRequest(input={"named": call}, rollout_id="ro-named-twice") for call in range(2)]
+    batches, twice, singles = await asyncio.gather(
+        asyncio.gather(*(store.enqueue_many_rollouts(batch(call)) for call in range(24))),
+        asyncio.gather(*(store.enqueue_many_rollouts([request]) for request in named)),
+        asyncio.gather(*(store.enqueue_rollout({"single": call}) for call in range(8))),
+    )
+    for call, answer in enumerate(batches):
+        assert [r.input for r in answer] == [{"call": call, "item": item} for item in range(call % 3 + 1)]
+    assert [answer[0].rollout_id for answer in twice] == ["ro-named-twice"] * 2
+    assert twice[0][0].input == twice[1][0].input in ({"named": 0}, {"named": 1})
+    assert [r.input for r in singles] == [{"single": call} for call in range(8)]
+    ids = [r.rollout_id for answer in batches for r in answer] + [r.rollout_id for r in singles]
+    assert len(set(ids)) == len(ids) == sum(call % 3 + 1 for call in range(24)) + 8
+    stats = await store.statistics()
+    assert stats["rollouts_by_status"] == {"queuing": len(ids) + 1}
+
+
+async def test_concurrent_claims_each_get_their_own_rollouts_under_their_own_worker(store: LightningStore) -> None:
+    # Concurrent claims may share a transaction (the SQL store coalesces them): each takes at most its limit, its
+    # attempts name its worker, no rollout goes to two, and a claim that finds the queue empty marks its worker idle.
+    enqueued = await store.enqueue_many_rollouts([EnqueueRolloutRequest(input=i) for i in range(20)])
+    limits = [1, 3, 2, 5, 1, 4, 2, 6]  # 24 wanted, 20 queued
+    claims = await asyncio.gather(
+        *(store.dequeue_many_rollouts(limit=limit, worker_id=f"w{i}") for i, limit in enumerate(limits))
+    )
+    for i, (limit, claimed) in enumerate(zip(limits, claims, strict=True)):
+        assert len(claimed) <= limit
+        assert {r.attempt.worker_id for r in claimed} <= {f"w{i}"}
+        assert all(r.status == "preparing" and r.attempt.status == "preparing" for r in claimed)
+    taken = [r.rollout_id for claimed in claims for r in claimed]
+    assert sorted(taken) == sorted(r.rollout_id for r in enqueued)
+    for i, claimed in enumerate(claims):
+        worker = await store.get_worker_by_id(f"w{i}")
+        assert worker is not None
+        if claimed:
+            assert worker.status == "busy" and worker.current_rollout_id in {r.rollout_id for r in claimed}
+    empty = await store.dequeue_many_rollouts(limit=2, worker_id="w-late")
+    assert empty == []
+    late = await store.get_worker_by_id("w-late")
+    assert late is not None and late.status == "idle"
+
+
 async def test_concurrent_enqueue_and_dequeue_lose_nothing(store_factory: StoreFactory) -> None:
     producer, consumer = await store_factory(), await store_factory()
     produced: list[str] = []

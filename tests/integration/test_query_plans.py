@@ -51,7 +51,7 @@ async def explain(store: SqlStore, statement: sa.ClauseElement, params: dict[str
 
 
 async def test_claim_uses_the_partial_queue_index(store_factory: StoreFactory) -> None:
-    from lightning_store.sql.rollouts import _CLAIM
+    from lightning_store.sql.claims import _CLAIM
 
     store = await store_factory()
     assert isinstance(store, SqlStore)

@@ -1,0 +1,134 @@
+"""The queue's claim: pop the oldest queued rollouts and start their attempts, in one transaction, shared by
+concurrent claims (:mod:`~lightning_store.sql.coalesce`)."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from lightning_store.limits import MAX_INT
+from lightning_store.models import AttemptedRollout, Claim
+from lightning_store.resources import ResourcesUpdate
+from lightning_store.sql import transitions
+from lightning_store.sql.attempts import AttemptOps
+from lightning_store.sql.coalesce import Coalescer
+from lightning_store.sql.resources import resources_for_ids
+from lightning_store.sql.rows import attempted_from_row
+from lightning_store.sql.schema import QUEUED, rollouts
+from lightning_store.sql.workers import WorkerOps
+
+# The claim. The partial index ix_rollouts_queue covers exactly this predicate (a literal, so the planner can match
+# it). SKIP LOCKED lets concurrent claimers take the next rows instead of waiting for ours; a row we lock is never
+# handed to anyone else, and its attempt is created in the same transaction.
+_CLAIM = (
+    sa.update(rollouts)
+    .where(
+        rollouts.c.pk.in_(
+            sa.select(rollouts.c.pk)
+            .where(sa.text(QUEUED))
+            .order_by(rollouts.c.enqueue_time, rollouts.c.pk)
+            .limit(sa.bindparam("limit"))
+            .with_for_update(skip_locked=True)
+            .scalar_subquery()
+        )
+    )
+    .values(status="preparing")
+    .returning(*rollouts.c)
+)
+
+
+@dataclass(frozen=True)
+class ClaimCall:
+    """One claim, as :meth:`ClaimOps._claim` takes it (claims are coalesced as values of this)."""
+
+    limit: int
+    worker_id: str | None
+    mark_idle: bool
+    with_resources: bool
+
+
+class ClaimOps(AttemptOps, WorkerOps):
+    async def dequeue_rollout(
+        self, worker_id: str | None = None, *, timeout: float | None = None
+    ) -> AttemptedRollout | None:
+        claimed = await self.dequeue_many_rollouts(limit=1, worker_id=worker_id, timeout=timeout)
+        return claimed[0] if claimed else None
+
+    async def dequeue_many_rollouts(
+        self, *, limit: int = 1, worker_id: str | None = None, timeout: float | None = None
+    ) -> Sequence[AttemptedRollout]:
+        return [claim.rollout for claim in await self._dequeue(limit, worker_id, timeout, with_resources=False)]
+
+    async def claim_rollouts(
+        self, *, limit: int = 1, worker_id: str | None = None, timeout: float | None = None
+    ) -> list[Claim]:
+        return await self._dequeue(limit, worker_id, timeout, with_resources=True)
+
+    async def _dequeue(
+        self, limit: int, worker_id: str | None, timeout: float | None, *, with_resources: bool
+    ) -> list[Claim]:
+        if limit <= 0:
+            return []
+        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+        claimed = await self._claim(limit, worker_id, mark_idle=True, with_resources=with_resources)
+        # Blocking: sleep until an enqueue wakes us (or the poll interval passes), then claim only when a cheap
+        # read sees work, so that idle waiters take no write lock.
+        while not claimed and deadline is not None and await self._wait_for_change("queue", deadline):
+            if await self._queue_has_work():
+                claimed = await self._claim(limit, worker_id, mark_idle=False, with_resources=with_resources)
+        return claimed
+
+    async def _queue_has_work(self) -> bool:
+        async with self._read(snapshot=False) as conn:
+            found = await conn.execute(sa.select(rollouts.c.pk).where(sa.text(QUEUED)).limit(1))
+            return found.first() is not None
+
+    async def _claim(self, limit: int, worker_id: str | None, *, mark_idle: bool, with_resources: bool) -> list[Claim]:
+        """Pop up to ``limit`` rollouts and create their attempts in one transaction, shared with concurrent
+        claims (:meth:`_claims_coalesced`); ``with_resources``: read the resources each attempt runs with in it
+        too (one transaction where a claim took two). ``mark_idle``: a claim that finds nothing marks the worker
+        idle."""
+        call = ClaimCall(limit=limit, worker_id=worker_id, mark_idle=mark_idle, with_resources=with_resources)
+        return (await self._claims_coalesced([call]))[0]
+
+    @functools.cached_property
+    def _claims_coalesced(self) -> Coalescer[ClaimCall, list[Claim]]:
+        """Concurrent claims in one transaction (:mod:`~lightning_store.sql.coalesce`): runners claim at once."""
+        return Coalescer(self._claim_many)
+
+    async def _claim_many(self, calls: list[ClaimCall]) -> list[list[Claim]]:
+        """The claims of ``calls`` in one transaction: the oldest queued rollouts, first come first served (the
+        first call takes the first ``limit`` of them, and so on)."""
+        now = time.time()
+        async with self._write() as (conn, _):
+            wanted = min(sum(call.limit for call in calls), MAX_INT)
+            claimed_rows = (await conn.execute(_CLAIM, {"limit": wanted})).mappings().all()
+            rows = sorted(claimed_rows, key=lambda r: (r["enqueue_time"], r["pk"]))
+            shares: list[list[sa.RowMapping]] = []
+            for call in calls:
+                shares.append(rows[: call.limit])
+                rows = rows[call.limit :]
+            for call, share in zip(calls, shares, strict=True):
+                if not share and call.worker_id and call.mark_idle:
+                    await self._mark_worker_idle(conn, call.worker_id, now)
+            owners = [call.worker_id for call, share in zip(calls, shares, strict=True) for _ in share]
+            taken = [row for share in shares for row in share]
+            if not taken:
+                return [[] for _ in calls]
+            attempts_ = await transitions.create_attempts(conn, [row["rollout_id"] for row in taken], owners, now)
+            claimed = [attempted_from_row(row, attempt) for row, attempt in zip(taken, attempts_, strict=True)]
+            await transitions.sync_workers(conn, self.dialect, [one.attempt for one in claimed], now, dequeued=True)
+            found: dict[str | None, ResourcesUpdate | None] = {}
+            if any(call.with_resources for call in calls):
+                found = await resources_for_ids(conn, self.dialect, [r.resources_id for r in claimed])
+        answers: list[list[Claim]] = []
+        start = 0
+        for call, share in zip(calls, shares, strict=True):
+            mine, start = claimed[start : start + len(share)], start + len(share)
+            resources = found if call.with_resources else {}
+            answers.append([Claim(rollout=one, resources=resources.get(one.resources_id)) for one in mine])
+        return answers

@@ -1,0 +1,42 @@
+"""Spans read back as one JSON document each, validated by pydantic in one call.
+
+A span row has eight JSON columns. Read the usual way, each is decoded by ``json.loads`` (SQLAlchemy's JSON type),
+the row becomes a dict, and pydantic validates the dict: 20 µs per span of the benchmark's 1.25 KB spans, most of
+a page's cost. Here the JSON columns come back as the text the database keeps, the row's scalars are encoded next
+to them, and ``Span.model_validate_json`` parses and validates the document in one pass of pydantic's core: about
+8 µs. The models are the same: the same fields, the same validation.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+import sqlalchemy as sa
+
+from lightning_store.spans import Span
+from lightning_store.sql.schema import spans
+
+_JSON_COLUMNS = ("status", "attributes", "events", "links", "context", "parent", "resource")
+_SCALAR_COLUMNS = tuple(name for name in Span.model_fields if name not in _JSON_COLUMNS)
+
+
+@functools.cache
+def span_columns(dialect: str) -> tuple[sa.ColumnElement[Any], ...]:
+    """What to select for :func:`span_from_text_row`: the scalar columns, and the JSON ones (``extra`` too) as
+    their text, under their own names."""
+    as_text = (lambda c: sa.cast(c, sa.Text)) if dialect == "postgresql" else (lambda c: sa.type_coerce(c, sa.Text))
+    texts = (as_text(spans.c[name]).label(name) for name in (*_JSON_COLUMNS, "extra"))
+    return (*(spans.c[name] for name in _SCALAR_COLUMNS), *texts)
+
+
+def span_from_text_row(row: sa.RowMapping) -> Span:
+    """The span of a row selected with :func:`span_columns`. Unknown fields (``extra``) come first, so a column
+    of the same name would win, as it does in the dict of a row read the usual way."""
+    parts = [f'"{name}":{json.dumps(row[name])}' for name in _SCALAR_COLUMNS]
+    parts += [f'"{name}":{row[name]}' for name in _JSON_COLUMNS if row[name] is not None]
+    extra = (row["extra"] or "").strip()
+    if extra.startswith("{") and (fields := extra[1:-1].strip()):  # not SQL NULL, JSON null, or {}
+        parts.insert(0, fields)
+    return Span.model_validate_json("{" + ",".join(parts) + "}")
