@@ -29,7 +29,7 @@ async def test_a_lone_call_runs_at_once_and_concurrent_ones_share_the_next_batch
     run = Doubler()
     coalesced = Coalescer(run)
     assert await coalesced([1, 2]) == [2, 4]
-    answers = await asyncio.gather(coalesced([1]), coalesced([2, 3]), coalesced([]), coalesced([4]))
+    answers = list(await asyncio.gather(coalesced([1]), coalesced([2, 3]), coalesced([]), coalesced([4])))
     assert answers == [[2], [4, 6], [], [8]]
     # The first began alone; the three that arrived while it ran shared one batch, in the order they came.
     assert run.batches == [[1, 2], [1], [2, 3, 4]]
@@ -38,8 +38,8 @@ async def test_a_lone_call_runs_at_once_and_concurrent_ones_share_the_next_batch
 async def test_an_error_reaches_only_the_call_that_caused_it() -> None:
     run = Doubler()
     coalesced = Coalescer(run)
-    answers = await asyncio.gather(
-        coalesced([1]), coalesced([2]), coalesced([-1, 3]), coalesced([4]), return_exceptions=True
+    answers = list(
+        await asyncio.gather(coalesced([1]), coalesced([2]), coalesced([-1, 3]), coalesced([4]), return_exceptions=True)
     )
     assert answers[:2] == [[2], [4]] and answers[3] == [8]
     assert isinstance(answers[2], ValueError)
