@@ -62,6 +62,13 @@ class ServerSettings(StoreSettings):
     )
     llm_api_key: str | None = Field(default=None, description="Bearer key the proxy sends to llm_upstream.")
     upstream_timeout: float = Field(default=600.0, gt=0, description="Seconds the proxy waits for the upstream.")
+    call_record_window: float = Field(
+        default=0.05,
+        ge=0,
+        le=10,
+        description="Seconds the LLM proxy gathers call records into one write; an attempt's end writes its own at "
+        "once. Used when the server runs one process (with --workers N it writes at once).",
+    )
 
 
 def load_server_settings(**overrides: Any) -> ServerSettings:

@@ -33,6 +33,7 @@ from lightning_store.errors import (
     StoreError,
 )
 from lightning_store.server import openapi, otlp, proxy, routes_rollouts, routes_store
+from lightning_store.server.direct_proxy import DirectProxy
 from lightning_store.server.guards import Guards
 from lightning_store.server.metrics import Metrics
 from lightning_store.server.outage import unavailable_response
@@ -64,7 +65,7 @@ def create_app(settings: ServerSettings, store: LightningStore | None = None, *,
             if freeze_heap:
                 aio.freeze_startup_heap()
             stack.push_async_callback(app.state.upstream_http.close)
-            app.state.recorder = CallRecorder(app.state.store)
+            app.state.recorder = CallRecorder(app.state.store, window=settings.call_record_window)
             # Last in, first out: LLM-call records still queued are written before the store closes.
             stack.push_async_callback(app.state.recorder.close)
             # Long-polls end when SIGINT/SIGTERM arrives, before uvicorn's graceful shutdown waits for requests.
@@ -84,8 +85,9 @@ def create_app(settings: ServerSettings, store: LightningStore | None = None, *,
     dashboard.install(app)
     _add_error_handlers(app)
     openapi.install_openapi(app, bearer_token=settings.token is not None)
-    # The guards come first: /metrics needs the token too, and refused requests never reach the app.
-    app_cut_off = CutOff(app, app.state.long_polls)  # requests cancelled at shutdown: a 503, not a 500
+    # The guards come first: /metrics needs the token too, and refused requests never reach the app. The proxy's
+    # calls are answered before FastAPI's router (DirectProxy), the other requests by FastAPI.
+    app_cut_off = CutOff(DirectProxy(app), app.state.long_polls)  # cancelled at shutdown: a 503, not a 500
     return Guards(Metrics(app_cut_off), token=settings.token, max_body_bytes=settings.max_body_bytes)
 
 

@@ -56,26 +56,28 @@ SAMPLING_KEYS = (
 
 @router.post("/rollout/{rollout_id}/attempt/{attempt_id}/v1/{kind:path}")
 async def proxy_bound(rollout_id: str, attempt_id: str, kind: str, request: Request, store: Store) -> Response:
-    return await _proxy(request, store, rollout_id, attempt_id, kind)
+    return await forward(request, store, rollout_id, attempt_id, kind)
 
 
 @router.post("/v1/chat/completions")
 async def proxy_chat(request: Request, store: Store) -> Response:
-    return await _proxy(
+    return await forward(
         request, store, request.headers.get("x-rollout-id"), request.headers.get("x-attempt-id"), "chat/completions"
     )
 
 
 @router.post("/v1/completions")
 async def proxy_completions(request: Request, store: Store) -> Response:
-    return await _proxy(
+    return await forward(
         request, store, request.headers.get("x-rollout-id"), request.headers.get("x-attempt-id"), "completions"
     )
 
 
-async def _proxy(
+async def forward(
     request: Request, store: LightningStore, rollout_id: str | None, attempt_id: str | None, kind: str
 ) -> Response:
+    """Answer one proxied call of ``kind`` (``chat/completions`` or ``completions``) bound to the given attempt:
+    the FastAPI routes above, and :mod:`~lightning_store.server.direct_proxy` ahead of FastAPI, both call this."""
     if kind not in ("chat/completions", "completions"):
         raise NotFoundError(f"no proxy route for /v1/{kind}", field="path")
     if not rollout_id or not attempt_id:

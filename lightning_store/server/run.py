@@ -78,6 +78,9 @@ def serve(settings: ServerSettings, *, log_level: str = "info") -> None:
         if value is not None:
             os.environ[f"LIGHTNING_STORE_{name.upper()}"] = str(value)
     os.environ["LIGHTNING_STORE_MIGRATE_ON_START"] = "false"
+    # An attempt's end may reach another process than its calls did, whose CallRecorder.settled cannot wait for
+    # this one's records: no process holds records back in a window.
+    os.environ["LIGHTNING_STORE_CALL_RECORD_WINDOW"] = "0"
     # This process only supervises the workers. Freezing what it holds also keeps its exit short: tearing down
     # the modules the ``store`` command's plugins import (torch among them) took over a second of garbage
     # collection after the workers had stopped.

@@ -6,22 +6,38 @@ import functools
 from collections.abc import Sequence
 
 import sqlalchemy as sa
+from pydantic import TypeAdapter
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from lightning_store.errors import NotFoundError
 from lightning_store.llm_calls import LlmCall, numbered_calls
 from lightning_store.spans import Span
 from lightning_store.sql import validate
-from lightning_store.sql.dialect import insert_ignoring_conflicts
+from lightning_store.sql.dialect import insert_from_json_array, jsonb_text
 from lightning_store.sql.schema import attempts, llm_calls
 from lightning_store.sql.spans import SpanOps
 
 LLM_CALL_FIELDS = tuple(LlmCall.model_fields)
+_call_list: TypeAdapter[list[LlmCall]] = TypeAdapter(list[LlmCall])
 
 
 class LlmCallOps(SpanOps):
     @functools.cached_property
-    def _insert_llm_calls(self) -> sa.Insert:
-        return insert_ignoring_conflicts(self.dialect, llm_calls, ["rollout_id", "attempt_id", "span_id"])
+    def _insert_llm_calls(self) -> sa.TextClause:
+        return insert_from_json_array(
+            self.dialect,
+            llm_calls,
+            LLM_CALL_FIELDS,
+            extra_column=None,
+            conflict_columns=("rollout_id", "attempt_id", "span_id"),
+            json_null=True,
+        )
+
+    async def _insert_calls(self, conn: AsyncConnection, calls: Sequence[LlmCall]) -> None:
+        """Insert ``calls`` (duplicates ignored) in one statement, from one JSON document: pydantic's encoder
+        writes the batch, where a row per call had each of its six JSON columns encoded apart."""
+        doc = _call_list.dump_json(list(calls)).decode()
+        await conn.execute(self._insert_llm_calls, {"doc": doc if self.is_sqlite else jsonb_text(doc)})
 
     async def add_llm_calls(self, calls: Sequence[LlmCall]) -> None:
         records = [c if type(c) is LlmCall else validate.model(LlmCall, c, f"calls.{i}") for i, c in enumerate(calls)]
@@ -43,7 +59,7 @@ class LlmCallOps(SpanOps):
                         f"attempt {record.attempt_id!r} of rollout {record.rollout_id!r} not found",
                         field=f"calls.{i}.attempt_id",
                     )
-            await conn.execute(self._insert_llm_calls, [r.model_dump(mode="json") for r in records])
+            await self._insert_calls(conn, records)
 
     async def record_llm_calls(self, records: Sequence[tuple[Span, LlmCall | None]]) -> list[Span]:
         """What the LLM proxy records of a batch of calls, in one transaction (not part of the contract: the
@@ -58,9 +74,8 @@ class LlmCallOps(SpanOps):
             return []
         async with self._write() as (conn, _):
             added = await self._add_spans(conn, [span for span, _ in records], allocate_sequence_ids=True)
-            calls = [call.model_dump(mode="json") for call in numbered_calls(records, added)]
-            if calls:
-                await conn.execute(self._insert_llm_calls, calls)
+            if calls := numbered_calls(records, added):
+                await self._insert_calls(conn, calls)
         return added
 
     async def query_llm_calls(self, rollout_ids: Sequence[str], *, attempt_id: str | None = None) -> list[LlmCall]:

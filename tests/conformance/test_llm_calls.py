@@ -44,6 +44,22 @@ async def test_calls_round_trip_in_sequence_order(store: LightningStore) -> None
     assert await store.query_llm_calls([first.rollout_id], attempt_id="at-none") == []
 
 
+async def test_absent_parts_and_any_json_round_trip(store: LightningStore) -> None:
+    """A call without logprobs, request, response or sampling parameters, and one whose response holds what
+    JSON columns must keep (a float with a large exponent, text beyond ASCII, nesting), come back as given."""
+    rollout = await store.start_rollout(1)
+    bare = call(rollout, "s1", 1, response_logprobs=None, sampling_parameters=None, finish_reason=None)
+    rich = call(
+        rollout,
+        "s2",
+        2,
+        request={"messages": [{"role": "user", "content": "Größe? 日本"}], "n": None},
+        response={"usage": {"big": 1.5e16, "small": -2.5e-12, "int": 2**62}, "choices": [[{}], []]},
+    )
+    await store.add_llm_calls([bare, rich])
+    assert await store.query_llm_calls([rollout.rollout_id]) == [bare, rich]
+
+
 async def test_a_repeated_call_is_ignored(store: LightningStore) -> None:
     rollout = await store.start_rollout(1)
     await store.add_llm_calls([call(rollout, "s1", 1)])

@@ -4,16 +4,18 @@ a record of an unknown attempt dropped without losing the rest of its batch)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from lightning_store import LlmCall
 from lightning_store.client import HttpStore
 from lightning_store.contract import LightningStore
 from lightning_store.models import AttemptedRollout
-from lightning_store.server.recorder import CallRecord, CallRecorder
+from lightning_store.server.recorder import MAX_BATCH, CallRecord, CallRecorder
 from lightning_store.spans import Span
 from lightning_store.sql import SqlStore, open_store
 from tests.conftest import serving
@@ -96,3 +98,48 @@ async def test_calls_and_spans_share_sequence_ids_and_a_bad_record_loses_nothing
     assert spans["s1"] == 1 and spans["s2"] == 2 and spans["s3"] > 2 and set(spans) == {"s1", "s2", "s3"}
     assert calls == {"s1": 1, "s3": spans["s3"]}  # s2 failed (no call); the duplicate s1 kept its first record
     assert [c.sequence_id for c in await sql_store.query_llm_calls([b[0]])] == [1]
+
+
+async def test_a_window_gathers_records_and_an_end_or_a_full_batch_cuts_it_short(sql_store: SqlStore) -> None:
+    """Records gather for the window before they are written; ``settled`` (an attempt's end) and ``close`` write
+    them at once, and so does a batch of ``MAX_BATCH`` records."""
+    first: AttemptedRollout = await sql_store.start_rollout({"i": 1})
+    second: AttemptedRollout = await sql_store.start_rollout({"i": 2})
+    a, b = (first.rollout_id, first.attempt.attempt_id), (second.rollout_id, second.attempt.attempt_id)
+    recorder = CallRecorder(sql_store, window=2.0)
+    started = asyncio.get_running_loop().time()
+    recorder.add(record(*a, "s1"))
+    recorder.add(record(*b, "s1"))
+    await asyncio.sleep(0.2)
+    assert await sql_store.query_llm_calls([a[0], b[0]]) == []  # held by the window
+    await asyncio.wait_for(recorder.settled(a[1]), timeout=1.5)  # an end does not wait for the window
+    assert asyncio.get_running_loop().time() - started < 1.9
+    assert {c.rollout_id for c in await sql_store.query_llm_calls([a[0], b[0]])} == {a[0], b[0]}  # one batch
+
+    recorder.add(record(*a, "s2"))
+    await asyncio.wait_for(recorder.close(), timeout=1.5)
+    assert len(await sql_store.query_llm_calls([a[0]])) == 2
+
+    full = CallRecorder(sql_store, window=30.0)
+    for i in range(MAX_BATCH):
+        full.add(record(*b, f"full-{i}"))
+    for _ in range(100):
+        if len(await sql_store.query_llm_calls([b[0]])) == MAX_BATCH + 1:
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("a full batch waited for its window")
+    await full.close()
+
+
+async def test_a_json_null_is_stored_as_json_null_on_every_backend(sql_store: SqlStore) -> None:
+    """SQL sees an absent part of a call (``None``) as the JSON ``null`` on SQLite as on Postgres, never SQL NULL."""
+    rollout: AttemptedRollout = await sql_store.start_rollout({"i": 1})
+    recorder = CallRecorder(sql_store)
+    recorder.add(record(rollout.rollout_id, rollout.attempt.attempt_id, "s1"))  # no logprobs, request, response
+    await recorder.close()
+    async with sql_store.engine.connect() as conn:
+        nulls = await conn.execute(
+            sa.text("SELECT response_logprobs IS NULL, request IS NULL, response IS NULL FROM llm_calls")
+        )
+        assert [tuple(map(bool, row)) for row in nulls] == [(False, False, False)]

@@ -253,3 +253,32 @@ async def test_a_nul_or_lone_surrogate_in_the_answer_is_recorded_on_every_backen
             [call] = await recorded(sql_store, rollout.rollout_id)
             assert call.response is not None and call.response_token_ids == [7, 0, 9]
             assert call.response["choices"][0]["message"]["content"] == "mem\ufffdory \ufffd!"
+
+
+async def test_calls_answered_ahead_of_fastapi_keep_its_door_errors_and_metrics(
+    proxy: httpx.AsyncClient, rollout: AttemptedRollout
+) -> None:
+    """The proxy's calls are served ahead of FastAPI's router (``server/direct_proxy.py``): the body door, the
+    error shapes and the metrics' route labels are those of the FastAPI routes, which still answer other kinds."""
+    garbled = await proxy.post(bound(rollout), content=b"{not json", headers={"content-type": "application/json"})
+    assert garbled.status_code == 422 and garbled.json()["field"] == "body"
+    nul = await proxy.post(bound(rollout), json={"messages": [{"role": "user", "content": "a\x00b"}]})
+    assert nul.status_code == 422 and nul.json()["field"] == "messages.0.content"
+    assert (await proxy.post(bound(rollout), json=["a list"])).json()["field"] == "body"
+    embeddings = await proxy.post(bound(rollout, "embeddings"), json={"input": "x"})
+    assert embeddings.status_code == 404 and embeddings.json()["field"] == "path"
+    ids = {"x-rollout-id": rollout.rollout_id, "x-attempt-id": rollout.attempt.attempt_id}
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        missing = await proxy.post(path, json={"messages": MESSAGES}, headers={"x-rollout-id": rollout.rollout_id})
+        assert missing.status_code == 422 and missing.json()["field"] == "attempt_id"
+    answered = await proxy.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, headers=ids)
+    assert answered.status_code == 200, answered.text
+    metrics = (await proxy.get("/metrics")).text
+    for route, status in (
+        ("/rollout/{rollout_id}/attempt/{attempt_id}/v1/{kind:path}", 422),
+        ("/rollout/{rollout_id}/attempt/{attempt_id}/v1/{kind:path}", 404),
+        ("/v1/chat/completions", 422),
+        ("/v1/completions", 200),
+    ):
+        assert f'method="POST",route="{route}",status="{status}"' in metrics, (route, status)
+    assert 'route="unmatched"' not in metrics
