@@ -183,7 +183,6 @@ def insert_from_json_array(
     extra_column: str | None,
     conflict_columns: Sequence[str],
     returning: Sequence[str] = (),
-    json_null: bool = False,
 ) -> sa.TextClause:
     """``INSERT … SELECT`` of the objects in the JSON array bound as ``:doc``, one row per object.
 
@@ -191,9 +190,7 @@ def insert_from_json_array(
     encoding in Python and one statement, instead of one encoding per JSON column per row. Each of ``fields``
     fills the column of the same name (cast to its type); the object's other keys go to ``extra_column`` (NULL
     when none; dropped without one). Rows that conflict on ``conflict_columns`` are skipped; ``returning`` names
-    what the statement returns for the rows it inserted. ``json_null``: a JSON column given ``null`` holds the
-    JSON ``null`` on SQLite too (as it does on Postgres, and as SQLAlchemy's JSON type writes ``None``), not SQL
-    ``NULL``.
+    what the statement returns for the rows it inserted.
     """
     known = ", ".join(f"'{name}'" for name in fields)
     if dialect_name == "postgresql":
@@ -202,7 +199,7 @@ def insert_from_json_array(
             values.append(f"NULLIF(d - ARRAY[{known}]::text[], '{{}}'::jsonb)")
         source = "FROM jsonb_array_elements(CAST(:doc AS jsonb)) AS d"
     else:
-        values = [_sqlite_field(table.c[name], json_null) for name in fields]
+        values = [_sqlite_field(table.c[name]) for name in fields]
         if extra_column is not None:
             paths = ", ".join(f"'$.{name}'" for name in fields)
             values.append(f"NULLIF(json_remove(value, {paths}), '{{}}')")
@@ -227,10 +224,7 @@ def _pg_field(column: sa.Column[Any]) -> str:
     return f"d ->> '{name}'"
 
 
-def _sqlite_field(column: sa.Column[Any], json_null: bool) -> str:
+def _sqlite_field(column: sa.Column[Any]) -> str:
     # json_extract yields SQL values for scalars and minified JSON text for objects and arrays, which is how
-    # the JSON columns are stored on SQLite; for a JSON null it yields SQL NULL.
-    extracted = f"json_extract(value, '$.{column.name}')"
-    if json_null and isinstance(column.type, sa.JSON):
-        return f"CASE json_type(value, '$.{column.name}') WHEN 'null' THEN 'null' ELSE {extracted} END"
-    return extracted
+    # the JSON columns are stored on SQLite.
+    return f"json_extract(value, '$.{column.name}')"

@@ -13,31 +13,38 @@ from lightning_store.errors import NotFoundError
 from lightning_store.llm_calls import LlmCall, numbered_calls
 from lightning_store.spans import Span
 from lightning_store.sql import validate
-from lightning_store.sql.dialect import insert_from_json_array, jsonb_text
+from lightning_store.sql.dialect import insert_from_json_array, insert_ignoring_conflicts, jsonb_text
 from lightning_store.sql.schema import attempts, llm_calls
 from lightning_store.sql.spans import SpanOps
 
 LLM_CALL_FIELDS = tuple(LlmCall.model_fields)
+CALL_KEY = ("rollout_id", "attempt_id", "span_id")
 _call_list: TypeAdapter[list[LlmCall]] = TypeAdapter(list[LlmCall])
 
 
 class LlmCallOps(SpanOps):
     @functools.cached_property
-    def _insert_llm_calls(self) -> sa.TextClause:
+    def _insert_llm_call_rows(self) -> sa.Insert:
+        return insert_ignoring_conflicts(self.dialect, llm_calls, CALL_KEY)
+
+    @functools.cached_property
+    def _insert_llm_call_document(self) -> sa.TextClause:
         return insert_from_json_array(
-            self.dialect,
-            llm_calls,
-            LLM_CALL_FIELDS,
-            extra_column=None,
-            conflict_columns=("rollout_id", "attempt_id", "span_id"),
-            json_null=True,
+            self.dialect, llm_calls, LLM_CALL_FIELDS, extra_column=None, conflict_columns=CALL_KEY
         )
 
     async def _insert_calls(self, conn: AsyncConnection, calls: Sequence[LlmCall]) -> None:
-        """Insert ``calls`` (duplicates ignored) in one statement, from one JSON document: pydantic's encoder
-        writes the batch, where a row per call had each of its six JSON columns encoded apart."""
-        doc = _call_list.dump_json(list(calls)).decode()
-        await conn.execute(self._insert_llm_calls, {"doc": doc if self.is_sqlite else jsonb_text(doc)})
+        """Insert ``calls`` (duplicates ignored) in one statement.
+
+        On Postgres from one JSON document: pydantic's encoder writes the batch, where each of a call's six JSON
+        columns went through ``json.dumps`` and :func:`jsonb_text` of its own. SQLite keeps its rows: its JSON
+        functions would store the columns minified, and ``store sql`` shows them as ``json.dumps`` writes them
+        (``[1, 2, 3]``), which is also how Postgres prints ``jsonb``."""
+        if self.is_sqlite:
+            await conn.execute(self._insert_llm_call_rows, [call.model_dump(mode="json") for call in calls])
+            return
+        doc = jsonb_text(_call_list.dump_json(list(calls)).decode())
+        await conn.execute(self._insert_llm_call_document, {"doc": doc})
 
     async def add_llm_calls(self, calls: Sequence[LlmCall]) -> None:
         records = [c if type(c) is LlmCall else validate.model(LlmCall, c, f"calls.{i}") for i, c in enumerate(calls)]
