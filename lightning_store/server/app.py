@@ -48,7 +48,8 @@ logger = logging.getLogger(__name__)
 def create_app(settings: ServerSettings, store: LightningStore | None = None, *, freeze_heap: bool = False) -> Any:
     """The ASGI application. Without ``store``, it opens one from ``settings`` at start-up and closes it at
     shutdown; with one, the caller owns it. ``freeze_heap``: the process is ``store serve``'s own, and what
-    exists once it has started is exempted from full garbage collections (:func:`aio.freeze_startup_heap`)."""
+    exists once it has started is exempted from full garbage collections (:func:`aio.freeze_startup_heap`), and
+    young objects are collected less often (:func:`aio.collect_requests_young`)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -64,6 +65,7 @@ def create_app(settings: ServerSettings, store: LightningStore | None = None, *,
             app.state.upstream_http = proxy.upstream_client(settings.upstream_timeout)
             if freeze_heap:
                 aio.freeze_startup_heap()
+                aio.collect_requests_young()
             stack.push_async_callback(app.state.upstream_http.close)
             app.state.recorder = CallRecorder(app.state.store, window=settings.call_record_window)
             # Last in, first out: LLM-call records still queued are written before the store closes.

@@ -203,8 +203,17 @@ def _successes() -> dict[tuple[str, str], Success]:
         ),
         ("post", "/v1/agl/spans/batch"): Success(
             "201",
-            "The spans stored by this request (duplicates left out).",
-            _object({"spans": _array(_ref("Span"))}, title="AddedSpans"),
+            "The spans stored by this request (duplicates left out); with `return_spans: false`, their positions "
+            "in the request and the sequence ids they were stored with.",
+            {
+                "anyOf": [
+                    _object({"spans": _array(_ref("Span"))}, title="AddedSpans"),
+                    _object(
+                        {"added": _array({"type": "integer"}), "sequence_ids": _array({"type": "integer"})},
+                        title="AddedSpanPositions",
+                    ),
+                ]
+            },
         ),
         ("post", "/v1/agl/spans/search"): Success("200", "A page of the rollout's spans.", _page("Span")),
         ("post", "/v1/agl/spans/query"): Success("200", "A page of the spans found.", _page("Span")),

@@ -150,6 +150,14 @@ class SpansBody(Body):
         default=False,
         description="Give each span the next value of its rollout's span counter (its own sequence_id is ignored).",
     )
+    return_spans: bool = Field(
+        default=True,
+        description=(
+            'False: answer `{"added": [index, …], "sequence_ids": [n, …]}`, the positions in `spans` of the '
+            "spans that were new and the sequence id each was stored with, instead of the new spans themselves "
+            "(a client that holds the spans it sent saves encoding and decoding them again)."
+        ),
+    )
 
 
 class NextSequenceBody(Body):

@@ -149,6 +149,22 @@ async def test_a_span_batch_that_allocates_its_numbers_may_leave_them_out(
     assert response.status_code == 422 and response.json()["field"] == "allocate_sequence_ids"
 
 
+async def test_a_span_batch_can_answer_positions_instead_of_spans(http: httpx.AsyncClient, sql_store: SqlStore) -> None:
+    rollout = await sql_store.start_rollout(1)
+    await http.post("/v1/agl/spans", json=span_json(rollout, "old"))
+    batch = [span_json(rollout, "a"), span_json(rollout, "old"), span_json(rollout, "b"), span_json(rollout, "a")]
+    response = await http.post("/v1/agl/spans/batch", json={"spans": batch, "return_spans": False})
+    assert response.status_code == 201
+    assert response.json() == {"added": [0, 2], "sequence_ids": [1, 1]}  # span_json numbers every span 1
+    numbered = [span_json(rollout, "c"), span_json(rollout, "b"), span_json(rollout, "d")]
+    body = {"spans": numbered, "allocate_sequence_ids": True, "return_spans": False}
+    response = await http.post("/v1/agl/spans/batch", json=body)
+    # The counter stood at 1 ("old"); the duplicate "b" was numbered too (3) before it was found stored.
+    assert response.json() == {"added": [0, 2], "sequence_ids": [2, 4]}
+    stored = {span.span_id: span.sequence_id for span in await sql_store.query_spans(rollout.rollout_id)}
+    assert stored == {"old": 1, "a": 1, "b": 1, "c": 2, "d": 4}
+
+
 async def test_duplicate_span_answers_null(http: httpx.AsyncClient, sql_store: SqlStore) -> None:
     rollout = await sql_store.start_rollout(1)
     first = await http.post("/v1/agl/spans", json=span_json(rollout, "s1"))

@@ -147,3 +147,28 @@ print("ok")
 """
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_a_server_collects_young_cycles_less_often_but_still_collects_them() -> None:
+    """``aio.collect_requests_young`` (``store serve``): the young generation is collected every
+    ``SERVER_YOUNG_GENERATION`` allocations, the older ones as before, and a cycle is still freed without an
+    explicit ``gc.collect`` once that many objects have been made."""
+    program = """
+import gc, weakref
+from lightning_store import aio
+older = gc.get_threshold()[1:]
+aio.collect_requests_young()
+assert gc.get_threshold() == (aio.SERVER_YOUNG_GENERATION, *older), gc.get_threshold()
+class Node: pass
+a, b = Node(), Node()
+a.other, b.other = b, a
+alive = weakref.ref(a)
+del a, b
+kept = [[] for _ in range(aio.SERVER_YOUNG_GENERATION // 10)]
+assert alive() is not None  # fewer allocations than the threshold: not yet collected
+kept += [[] for _ in range(aio.SERVER_YOUNG_GENERATION)]
+assert alive() is None
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
