@@ -51,6 +51,8 @@ def _bad(text: str) -> bool:
 
 def text_problem(text: str) -> str | None:
     """Why ``text`` cannot be stored (a NUL or a lone surrogate), or None when it can."""
+    if not _bad(text):  # the common case, without the regex (ids are checked by their models, several per span)
+        return None
     found = _BAD_TEXT.search(text)
     if found is None:
         return None
