@@ -8,7 +8,7 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Body, Depends, Request, Response
 
-from lightning_store.contract import LightningStore
+from lightning_store.contract import DocumentReads, LightningStore
 from lightning_store.server import wire
 from lightning_store.server.json_body import CheckedJsonRoute
 from lightning_store.server.shutdown import LongPolls
@@ -79,8 +79,9 @@ async def start_rollout(body: wire.StartRolloutBody, store: Store) -> dict[str, 
 
 @router.post("/rollouts/search", response_model=dict[str, Any])
 async def search_rollouts(body: wire.QueryRolloutsBody, store: Store) -> Response:
-    page = await store.query_rollouts(**body.model_dump())
-    return wire.page_response(page)
+    if isinstance(store, DocumentReads):
+        return wire.documents_page_response(await store.query_rollout_documents(**body.model_dump()))
+    return wire.page_response(await store.query_rollouts(**body.model_dump()))
 
 
 @router.get("/rollouts/{rollout_id}")

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Body, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import TypeAdapter
 
+from lightning_store.contract import DocumentReads
 from lightning_store.errors import DatabaseUnavailableError, InvalidRequestError
 from lightning_store.resources import NamedResources
 from lightning_store.server import wire
@@ -88,7 +89,10 @@ def _positions(sent: list[dict[str, Any]], added: list[Span]) -> list[int]:
 @router.post("/spans/search", response_model=dict[str, Any])
 async def search_spans(body: wire.QuerySpansBody, store: Store) -> Response:
     fields = body.model_dump()
-    return wire.page_response(await store.query_spans(fields.pop("rollout_id"), fields.pop("attempt_id"), **fields))
+    rollout_id, attempt_id = fields.pop("rollout_id"), fields.pop("attempt_id")
+    if isinstance(store, DocumentReads):
+        return wire.documents_page_response(await store.query_span_documents(rollout_id, attempt_id, **fields))
+    return wire.page_response(await store.query_spans(rollout_id, attempt_id, **fields))
 
 
 @router.post("/spans/query", response_model=dict[str, Any])

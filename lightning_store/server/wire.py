@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from fastapi import Response
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic_core import to_json
 
 from lightning_store.contract import UNSET
 from lightning_store.errors import InvalidRequestError
@@ -228,6 +229,13 @@ def page_response(page: PaginatedResult[Any]) -> Response:
     than the query on a page of 100 rollouts."""
     page_fields = {"items": page.items, "limit": page.limit, "offset": page.offset, "total": page.total}
     return Response(_ANY_JSON.dump_json(page_fields), media_type="application/json")
+
+
+def documents_page_response(page: PaginatedResult[str]) -> Response:
+    """:func:`page_response` of a page whose items are JSON documents already (sent as they are)."""
+    items = ",".join(page.items)
+    tail = to_json({"limit": page.limit, "offset": page.offset, "total": page.total}).decode()[1:]
+    return Response(f'{{"items":[{items}],{tail}'.encode(), media_type="application/json")
 
 
 def long_poll(timeout: float | None) -> float:

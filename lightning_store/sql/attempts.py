@@ -25,16 +25,18 @@ from lightning_store.sql import transitions, validate
 from lightning_store.sql.base import SqlBase, Wakeups
 from lightning_store.sql.dialect import among_param, among_value
 from lightning_store.sql.paging import fetch_page
-from lightning_store.sql.rows import attempt_from_row
+from lightning_store.sql.rows import attempt_document, attempt_from_row, attempt_text_columns
 from lightning_store.sql.schema import attempts
 
 
 @functools.cache
-def _latest_among(dialect: str) -> sa.Select[Any]:
+def _latest_among(dialect: str, as_text: bool = False) -> sa.Select[Any]:
     """The latest attempt of each rollout in parameter ``rollout_ids`` (an :func:`among_value`), built once per
-    dialect: building it took longer than running it, on every page of rollouts and every claim."""
+    dialect: building it took longer than running it, on every page of rollouts and every claim. ``as_text``: the
+    columns of :func:`attempt_text_columns`."""
     later = attempts.alias("later")
-    return sa.select(attempts).where(
+    columns = attempt_text_columns(dialect) if as_text else (attempts,)
+    return sa.select(*columns).where(
         among_param(dialect, attempts.c.rollout_id, "rollout_ids"),
         ~sa.exists().where(later.c.rollout_id == attempts.c.rollout_id, later.c.sequence_id > attempts.c.sequence_id),
     )
@@ -51,6 +53,14 @@ class AttemptOps(SqlBase):
         ids = {"rollout_ids": among_value(self.dialect, set(rollout_ids))}
         found = (await conn.execute(_latest_among(self.dialect), ids)).mappings()
         return {row["rollout_id"]: attempt_from_row(row) for row in found}
+
+    async def _latest_attempt_documents(self, conn: AsyncConnection, rollout_ids: Sequence[str]) -> dict[str, str]:
+        """:meth:`_latest_attempts` as :func:`attempt_document` JSON, for :func:`rollout_from_text_row`."""
+        if not rollout_ids:
+            return {}
+        ids = {"rollout_ids": among_value(self.dialect, set(rollout_ids))}
+        found = (await conn.execute(_latest_among(self.dialect, as_text=True), ids)).mappings()
+        return {row["rollout_id"]: attempt_document(row) for row in found}
 
     async def query_attempts(
         self,

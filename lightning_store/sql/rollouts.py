@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -40,7 +40,15 @@ from lightning_store.sql.dialect import (
     json_matches,
 )
 from lightning_store.sql.paging import combine, fetch_page
-from lightning_store.sql.rows import attempted_from_row, new_id, rollout_from_row
+from lightning_store.sql.rows import (
+    Row,
+    attempted_from_row,
+    new_id,
+    rollout_document,
+    rollout_from_row,
+    rollout_from_text_row,
+    rollout_text_columns,
+)
 from lightning_store.sql.schema import resources, rollouts
 
 
@@ -54,6 +62,8 @@ def _finished_among(dialect: str) -> sa.Select[Any]:
 _LATEST_RESOURCES_ID = (
     sa.select(resources.c.resources_id).order_by(resources.c.update_time.desc(), resources.c.pk.desc()).limit(1)
 )
+
+T = TypeVar("T")
 
 ROLLOUT_SORTABLE = ("rollout_id", "start_time", "end_time", "status", "mode", "resources_id")
 
@@ -178,12 +188,28 @@ class RolloutOps(ClaimOps):
             return (await self._rollouts_by_id(conn, [rollout_id])).get(rollout_id)
 
     async def _rollouts_by_id(self, conn: AsyncConnection, ids: Sequence[str]) -> dict[str, Rollout]:
-        query = sa.select(rollouts).where(among(self.dialect, rollouts.c.rollout_id, set(ids)))
-        rows = list((await conn.execute(query)).mappings())
-        latest = await self._latest_attempts(conn, [row["rollout_id"] for row in rows])
-        return {row["rollout_id"]: rollout_from_row(row, latest.get(row["rollout_id"])) for row in rows}
+        query = sa.select(*rollout_text_columns(self.dialect))
+        rows = list((await conn.execute(query.where(among(self.dialect, rollouts.c.rollout_id, set(ids))))).mappings())
+        latest = await self._latest_attempt_documents(conn, [row["rollout_id"] for row in rows])
+        return {row["rollout_id"]: rollout_from_text_row(row, latest.get(row["rollout_id"])) for row in rows}
 
-    async def query_rollouts(
+    async def query_rollouts(self, **filters: Any) -> PaginatedResult[Rollout]:
+        """The contract's ``query_rollouts`` (the arguments of :meth:`_rollout_rows`)."""
+        return await self._rollout_page(rollout_from_text_row, filters)
+
+    async def query_rollout_documents(self, **filters: Any) -> PaginatedResult[str]:
+        """:meth:`query_rollouts` with each rollout as its JSON document (:func:`rollout_document`), not validated:
+        what the server answers ``/rollouts/search`` with."""
+        return await self._rollout_page(rollout_document, filters)
+
+    async def _rollout_page(self, make: Callable[[Row, str | None], T], filters: dict[str, Any]) -> PaginatedResult[T]:
+        rows, latest, total = await self._rollout_rows(**filters)
+        items = [make(row, latest.get(row["rollout_id"])) for row in rows]
+        return PaginatedResult(
+            items=items, limit=filters.get("limit", -1), offset=filters.get("offset", 0), total=total
+        )
+
+    async def _rollout_rows(
         self,
         *,
         status_in: Sequence[RolloutStatus] | None = None,
@@ -200,7 +226,9 @@ class RolloutOps(ClaimOps):
         metadata_match: dict[str, Any] | None = None,
         start_time_from: float | None = None,
         start_time_to: float | None = None,
-    ) -> PaginatedResult[Rollout]:
+    ) -> tuple[list[sa.RowMapping], dict[str, str], int]:
+        """The rows of a page of rollouts (:func:`rollout_text_columns`), their latest attempts' documents by
+        rollout id, and the total: :meth:`query_rollouts` with the contract's arguments."""
         status_in = status_in if status_in is not None else status
         rollout_id_in = rollout_id_in if rollout_id_in is not None else rollout_ids
         validate.all_of(status_in, ROLLOUT_STATUSES, "status_in")
@@ -221,7 +249,7 @@ class RolloutOps(ClaimOps):
             required.append(rollouts.c.start_time >= start_time_from)
         if start_time_to is not None:
             required.append(rollouts.c.start_time < start_time_to)
-        query = sa.select(rollouts)
+        query = sa.select(*rollout_text_columns(self.dialect))
         combined = combine(optional, filter_logic)
         for condition in [*required, *([] if combined is None else [combined])]:
             query = query.where(condition)
@@ -237,9 +265,8 @@ class RolloutOps(ClaimOps):
                 offset=offset,
                 tiebreak=rollouts.c.pk,
             )
-            latest = await self._latest_attempts(conn, [row["rollout_id"] for row in rows])
-        items = [rollout_from_row(row, latest.get(row["rollout_id"])) for row in rows]
-        return PaginatedResult(items=items, limit=limit, offset=offset, total=total)
+            latest = await self._latest_attempt_documents(conn, [row["rollout_id"] for row in rows])
+        return rows, latest, total
 
     async def update_rollout(
         self,

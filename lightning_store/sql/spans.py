@@ -30,7 +30,7 @@ from lightning_store.sql.dialect import (
 )
 from lightning_store.sql.paging import combine, fetch_page
 from lightning_store.sql.schema import attempts, rollouts, spans
-from lightning_store.sql.span_rows import span_columns, span_from_text_row
+from lightning_store.sql.span_rows import span_columns, span_document
 
 SPAN_SORTABLE = ("sequence_id", "start_time", "end_time", "name", "trace_id", "span_id", "parent_id")
 SPAN_KEY = ("rollout_id", "attempt_id", "span_id")
@@ -291,6 +291,47 @@ class SpanOps(AttemptOps):
         sort_by: str | None = "sequence_id",
         sort_order: SortOrder = "asc",
     ) -> PaginatedResult[Span]:
+        page = await self.query_span_documents(
+            rollout_id,
+            attempt_id,
+            trace_id=trace_id,
+            trace_id_contains=trace_id_contains,
+            span_id=span_id,
+            span_id_contains=span_id_contains,
+            parent_id=parent_id,
+            parent_id_contains=parent_id_contains,
+            name=name,
+            name_contains=name_contains,
+            filter_logic=filter_logic,
+            limit=limit,
+            offset=offset,
+            sort_by=sort_by,
+            sort_order=sort_order,
+        )
+        items = [Span.model_validate_json(document) for document in page.items]
+        return PaginatedResult(items=items, limit=limit, offset=offset, total=page.total)
+
+    async def query_span_documents(
+        self,
+        rollout_id: str,
+        attempt_id: str | None = None,
+        *,
+        trace_id: str | None = None,
+        trace_id_contains: str | None = None,
+        span_id: str | None = None,
+        span_id_contains: str | None = None,
+        parent_id: str | None = None,
+        parent_id_contains: str | None = None,
+        name: str | None = None,
+        name_contains: str | None = None,
+        filter_logic: FilterLogic = "and",
+        limit: int = -1,
+        offset: int = 0,
+        sort_by: str | None = "sequence_id",
+        sort_order: SortOrder = "asc",
+    ) -> PaginatedResult[str]:
+        """:meth:`query_spans` with each span as its JSON document (:func:`span_document`), not validated: what the
+        server answers ``/spans/search`` with. The documents are what the spans' models would dump, up to key order."""
         conditions: list[sa.ColumnElement[bool]] = []
         for column, exact, contains in (
             (spans.c.trace_id, trace_id, trace_id_contains),
@@ -321,7 +362,7 @@ class SpanOps(AttemptOps):
                 offset=offset,
                 tiebreak=spans.c.pk,
             )
-        return PaginatedResult(items=[span_from_text_row(r) for r in rows], limit=limit, offset=offset, total=total)
+        return PaginatedResult(items=[span_document(r) for r in rows], limit=limit, offset=offset, total=total)
 
     async def _resolve_attempt(self, conn: AsyncConnection, rollout_id: str, attempt_id: str | None) -> Any:
         """``None`` for all attempts; the latest attempt's id for ``"latest"`` (``""``, matching nothing, when

@@ -2,7 +2,7 @@
 starting from a tiny model that names the three tools about equally often. The whole stack runs: store served
 over HTTP, LLM proxy, runner worker processes, the policy server, the trainer. Seeds fix the model, its
 fine-tuning and the task order; sampling across concurrent workers is not reproducible, so the thresholds
-(the issue's: GRPO 0.85, PPO and REINFORCE++ 0.8) sit below what the runs reach (about 0.9–0.95)."""
+(the issue's: GRPO 0.85, PPO and REINFORCE++ 0.8) sit below what the runs reach (about 0.9–0.99)."""
 
 from __future__ import annotations
 
@@ -30,23 +30,26 @@ COMMON: dict[str, Any] = {
 }
 
 
+# GRPO trains 60 steps, for its higher target: after 40, the trained model's true rate (1,024 seeded samples) was
+# 0.875, 0.872 and 0.980 in three runs, so 128 rollouts measured below 0.85 about one run in five (a CI run failed
+# at 0.844); after 60 steps it was 0.960, 0.947 and 0.996.
 @pytest.mark.parametrize(
-    ("algorithm", "target"),
-    [(GRPO(**COMMON), 0.85), (ReinforcePP(**COMMON), 0.8), (PPO(**COMMON), 0.8)],
+    ("algorithm", "target", "steps"),
+    [(GRPO(**COMMON), 0.85, 60), (ReinforcePP(**COMMON), 0.8, 40), (PPO(**COMMON), 0.8, 40)],
     ids=["grpo", "reinforce_pp", "ppo"],
 )
 async def test_training_raises_the_memory_first_rate(
-    algorithm: Algorithm, target: float, tmp_path: Path, trainer_store: tuple[HttpStore, str]
+    algorithm: Algorithm, target: float, steps: int, tmp_path: Path, trainer_store: tuple[HttpStore, str]
 ) -> None:
     store, url = trainer_store
     model = build_tool_namer(tmp_path / "model")
-    summary = await train(algorithm, store=store, url=url, model_dir=model, output_dir=tmp_path / "out", steps=40)
+    summary = await train(algorithm, store=store, url=url, model_dir=model, output_dir=tmp_path / "out", steps=steps)
     history = summary["history"]
     before, after = history[0]["val_reward"], history[-1]["val_reward"]
     assert before < STARTING_RATE_CEILING, (
         f"the starting model should pick Memory first about a third of the time, not {before}"
     )
     assert after >= target, f"{algorithm.name} raised the Memory-first rate from {before} to {after} only"
-    assert (tmp_path / "out" / "step-40" / "config.json").exists()
+    assert (tmp_path / "out" / f"step-{steps}" / "config.json").exists()
     runs = (await store.query_rollouts(metadata_match={"training_run": algorithm.name})).items
     assert len(runs) == 1 and runs[0].status == "succeeded"

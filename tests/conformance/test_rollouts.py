@@ -21,6 +21,30 @@ async def test_enqueue_stores_every_field(store: LightningStore) -> None:
     assert stored is not None and stored.config == config and stored.input == {"q": "2+2", "nested": [1, {"a": None}]}
 
 
+async def test_rollouts_read_back_as_written_with_their_latest_attempt(store: LightningStore) -> None:
+    """Reads of rollouts (by id, a page) give back every field as the writes returned them: JSON null and absent
+    metadata, a config that is not the default, and the latest attempt with its own metadata."""
+    config = RolloutConfig(max_attempts=2, retry_condition=["failed", "timeout"], unresponsive_seconds=2.5)
+    bare = await store.enqueue_rollout(None)
+    full = await store.enqueue_rollout(
+        {"deep": [1.5, {"é": None}], "big": 2**53 + 1}, mode="val", config=config, metadata={"k": [True, None]}
+    )
+    claimed = await store.dequeue_rollout(worker_id="w1")
+    assert claimed is not None and claimed.rollout_id == bare.rollout_id
+    attempt = await store.update_attempt(
+        bare.rollout_id, claimed.attempt.attempt_id, last_heartbeat_time=12.25, metadata={"note": "x"}
+    )
+    expected = {
+        bare.rollout_id: AttemptedRollout(**{**bare.model_dump(), "status": claimed.status, "attempt": attempt}),
+        full.rollout_id: full,
+    }
+    page = await store.query_rollouts(sort_by="start_time", sort_order="desc", limit=2)
+    assert {r.rollout_id: r for r in page} == expected and page.total == 2
+    assert [type(r) for r in page] == [type(expected[r.rollout_id]) for r in page]
+    for rollout_id, rollout in expected.items():
+        assert await store.get_rollout_by_id(rollout_id) == rollout
+
+
 async def test_get_unknown_rollout_is_none(store: LightningStore) -> None:
     assert await store.get_rollout_by_id("ro-missing") is None
 

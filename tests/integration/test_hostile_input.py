@@ -290,8 +290,15 @@ async def test_accepted_values_come_back_unchanged(database_url: str, value: Any
         assert canonical(got["metadata"]) == canonical({"v": value})
         claimed = (await http.post("/v1/agl/queues/rollouts/dequeue", json={})).json()
         assert canonical(claimed[0]["input"]) == canonical(value)
+        span = {"rollout_id": "r-1", "attempt_id": claimed[0]["attempt"]["attempt_id"], "sequence_id": 1}
+        span |= {"trace_id": "t", "span_id": "s", "name": "n", "attributes": {"v": value}}
+        assert (await http.post("/v1/agl/spans", json=span)).status_code == 201
+        spans = (await http.post("/v1/agl/spans/search", json={"rollout_id": "r-1"})).json()["items"]
+        assert canonical(spans[0]["attributes"]) == canonical({"v": value})
         found = await http.post("/v1/agl/rollouts/search", json={"metadata_match": {"v": value}})
         assert found.status_code == 200 and found.json()["total"] == 1, found.text
+        assert canonical(found.json()["items"][0]["input"]) == canonical(value)
+        assert canonical(found.json()["items"][0]["metadata"]) == canonical({"v": value})
         if isinstance(value, dict):  # the value's own keys, as metadata keys
             assert (await http.post("/v1/agl/rollouts/r-1", json={"metadata": value})).status_code == 200
             for key, item in value.items():

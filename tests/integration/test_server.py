@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from lightning_store.client import HttpStore
 from lightning_store.errors import UnauthorizedError
-from lightning_store.models import AttemptedRollout
+from lightning_store.models import AttemptedRollout, RolloutConfig
 from lightning_store.server.run import check
 from lightning_store.settings import ServerSettings
 from lightning_store.sql import SqlStore, open_store
@@ -366,6 +366,51 @@ async def test_otlp_json_and_gzip(http: httpx.AsyncClient, sql_store: SqlStore) 
     assert stored[0].trace_id == "5b8efff798038103d269b633813fc60c" and stored[0].span_id == "0000000000000001"
     assert stored[1].attributes == {"n": 1} and stored[0].status.status_code == "ERROR"
     assert stored[0].start_time == 1700000000.0
+
+
+@pytest.mark.parametrize(
+    "database_url", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+async def test_span_pages_are_sent_as_the_models_would_dump_them(http: httpx.AsyncClient, sql_store: SqlStore) -> None:
+    """``/spans/search`` answers with the stored documents (not validated, not dumped again): each must be what the
+    span's model dumps, field for field, whichever way the span arrived: a full span, one with only the required
+    fields and an unknown one, OTLP."""
+    rollout = await sql_store.start_rollout(1)
+    minimal = {key: span_json(rollout, "s2")[key] for key in ("rollout_id", "attempt_id", "trace_id", "span_id")}
+    minimal["sequence_id"] = 2
+    batch = [span_json(rollout, "s1", attributes={"x": [1.5, None]}), {**minimal, "name": "bare", "surprise": {"a": 1}}]
+    assert (await http.post("/v1/agl/spans/batch", json={"spans": batch})).status_code == 201
+    assert (await http.post("/v1/traces", json=otlp_json(rollout, ["o"], first=7))).status_code == 200
+    models = await sql_store.query_spans(rollout.rollout_id)
+    answer = await http.post("/v1/agl/spans/search", json={"rollout_id": rollout.rollout_id, "limit": 2, "offset": 1})
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {
+        "items": [span.model_dump(mode="json") for span in models[1:3]],
+        "limit": 2,
+        "offset": 1,
+        "total": 3,
+    }
+    assert [s["name"] for s in answer.json()["items"]] == ["bare", "o"] and answer.json()["items"][0]["surprise"]
+
+
+@pytest.mark.parametrize(
+    "database_url", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+async def test_rollout_pages_are_sent_as_the_models_would_dump_them(
+    http: httpx.AsyncClient, sql_store: SqlStore
+) -> None:
+    """``/rollouts/search`` answers with the stored documents too: a rollout with no attempt, one with null input
+    and metadata, one whose latest attempt has metadata, as their models dump them (``attempt`` only where one is)."""
+    config = RolloutConfig(max_attempts=3, retry_condition=["failed"], timeout_seconds=9.5)
+    await sql_store.enqueue_rollout({"q": [1, 2.5, None]}, mode="train", config=config, metadata={"k": {"é": True}})
+    bare = await sql_store.start_rollout(None)
+    await sql_store.update_attempt(bare.rollout_id, "latest", metadata={"note": [1]}, last_heartbeat_time=3.0)
+    models = await sql_store.query_rollouts(sort_by="start_time", sort_order="desc")
+    answer = await http.post("/v1/agl/rollouts/search", json={"sort_by": "start_time", "sort_order": "desc"})
+    assert answer.status_code == 200, answer.text
+    expected = [rollout.model_dump(mode="json") for rollout in models]
+    assert answer.json() == {"items": expected, "limit": -1, "offset": 0, "total": 2}
+    assert "attempt" in answer.json()["items"][0] and "attempt" not in answer.json()["items"][1]
 
 
 async def test_otlp_spans_without_ids_are_rejected_not_stored(http: httpx.AsyncClient, sql_store: SqlStore) -> None:
