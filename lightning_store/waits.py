@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Iterator
 from contextvars import ContextVar
 
@@ -47,3 +48,11 @@ async def sleep(wakeup: asyncio.Event, timeout: float) -> None:
     finally:
         for waiter in waiters:
             waiter.cancel()
+
+
+async def sleep_until(moment: float, deadline: float | None = None) -> None:
+    """Sleep until ``time.monotonic()`` reaches ``moment`` (or ``deadline``, if earlier), or the enclosing
+    :func:`until` ends."""
+    end = moment if deadline is None else min(moment, deadline)
+    if (delay := end - time.monotonic()) > 0:
+        await sleep(asyncio.Event(), delay)

@@ -24,21 +24,25 @@ from lightning_store.sql.workers import WorkerOps
 # The claim. The partial index ix_rollouts_queue covers exactly this predicate (a literal, so the planner can match
 # it). SKIP LOCKED lets concurrent claimers take the next rows instead of waiting for ours; a row we lock is never
 # handed to anyone else, and its attempt is created in the same transaction.
-_CLAIM = (
-    sa.update(rollouts)
-    .where(
-        rollouts.c.pk.in_(
-            sa.select(rollouts.c.pk)
-            .where(sa.text(QUEUED))
-            .order_by(rollouts.c.enqueue_time, rollouts.c.pk)
-            .limit(sa.bindparam("limit"))
-            .with_for_update(skip_locked=True)
-            .scalar_subquery()
-        )
-    )
-    .values(status="preparing")
-    .returning(*rollouts.c)
+_QUEUE_HEAD = (
+    sa.select(rollouts.c.pk)
+    .where(sa.text(QUEUED))
+    .order_by(rollouts.c.enqueue_time, rollouts.c.pk)
+    .limit(sa.bindparam("limit"))
+    .with_for_update(skip_locked=True)
+    .scalar_subquery()
 )
+# SQLite's planner, which has no statistics, took ix_rollouts_status for the status term and sorted every queued
+# row on each claim (245 µs with 2,000 queued, against 2.3 µs through the queue's index): it is told the index.
+_SQLITE_QUEUE_HEAD = sa.text(
+    f"SELECT pk FROM rollouts INDEXED BY ix_rollouts_queue WHERE {QUEUED} ORDER BY enqueue_time, pk LIMIT :limit"
+).columns(pk=sa.Integer)
+
+
+@functools.cache
+def _claim_statement(dialect: str) -> sa.Update:
+    head = _SQLITE_QUEUE_HEAD if dialect == "sqlite" else _QUEUE_HEAD
+    return sa.update(rollouts).where(rollouts.c.pk.in_(head)).values(status="preparing").returning(*rollouts.c)
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,7 @@ class ClaimOps(AttemptOps, WorkerOps):
         now = time.time()
         async with self._write() as (conn, _):
             wanted = min(sum(call.limit for call in calls), MAX_INT)
-            claimed_rows = (await conn.execute(_CLAIM, {"limit": wanted})).mappings().all()
+            claimed_rows = (await conn.execute(_claim_statement(self.dialect), {"limit": wanted})).mappings().all()
             rows = sorted(claimed_rows, key=lambda r: (r["enqueue_time"], r["pk"]))
             shares: list[list[sa.RowMapping]] = []
             for call in calls:

@@ -55,7 +55,11 @@ from lightning_store.sql.schema import resources, rollouts
 @functools.cache
 def _finished_among(dialect: str) -> sa.Select[Any]:
     """The ids of the rollouts among parameter ``ids`` (an :func:`among_value`) that have finished."""
-    finished = rollouts.c.status.in_(inlined(TERMINAL_ROLLOUT_STATUSES))
+    # SQLite's planner, which has no statistics, took ix_rollouts_status for the status term: it walked every
+    # finished rollout in the table on each check (1.1 ms for 50 ids among 8,000 rollouts, against 42 µs through
+    # the rollout id's index). The unary plus keeps the term off any index (SQLite's documented way).
+    status = sa.literal_column("+rollouts.status") if dialect == "sqlite" else rollouts.c.status
+    finished = status.in_(inlined(TERMINAL_ROLLOUT_STATUSES))
     return sa.select(rollouts.c.rollout_id).where(among_param(dialect, rollouts.c.rollout_id, "ids"), finished)
 
 
@@ -64,6 +68,9 @@ _LATEST_RESOURCES_ID = (
 )
 
 T = TypeVar("T")
+
+WAIT_READ_SPACING = 20
+"""A wait re-reads its pending rollouts at most once per this many times the last re-read's duration."""
 
 ROLLOUT_SORTABLE = ("rollout_id", "start_time", "end_time", "status", "mode", "resources_id")
 
@@ -308,12 +315,18 @@ class RolloutOps(ClaimOps):
         wanted = list(dict.fromkeys(rollout_ids))
         pending, done = set(wanted), set[str]()
         while True:
+            began = time.monotonic()
             async with self._read(snapshot=False) as conn:
                 # Only the ids not seen finished yet, and only those of them that have finished: every attempt
                 # end wakes this loop, so re-reading the whole list (or returning every row of it) made a long
                 # wait quadratic in its length. (One requeued meanwhile is caught below.)
                 ids = {"ids": among_value(self.dialect, sorted(pending))}
                 rows = (await conn.execute(_finished_among(self.dialect), ids)).all()
+            # Every attempt end wakes this loop, and a re-read costs in proportion to the ids still pending (about
+            # a microsecond each): the next one waits until WAIT_READ_SPACING times this one's cost has passed, so
+            # that a wait on thousands of rollouts ending fast takes a small share of the server's CPU, and answers
+            # that much later at most (2 ms × 20 for 2,000 ids).
+            paced_until = time.monotonic() + (time.monotonic() - began) * (WAIT_READ_SPACING - 1)
             # An unknown id never finishes (as in Agent Lightning): it is waited for, then left out.
             done.update(rollout_id for (rollout_id,) in rows)
             pending -= done
@@ -328,3 +341,4 @@ class RolloutOps(ClaimOps):
                 pending |= requeued
                 continue
             await self._wait_for_change("done", deadline)
+            await waits.sleep_until(paced_until, deadline)
