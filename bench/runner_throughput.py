@@ -20,7 +20,7 @@ its ``LLMProxy`` (LiteLLM) as an algorithm would and the six calls go through it
 (default 0.1 s; Agent Lightning's default of 5 s would dominate every cell) where ours long-poll. ``x agl`` is
 ours over Agent Lightning's rollouts/s for the same agent and worker count.
 
-    python -m bench.runner_throughput --rollouts 200 --workers 1,4,16
+    python -m bench.runner_throughput --workers 1,4,16
     python -m bench.runner_throughput --rollouts 40 --workers 1,4 --backends sqlite --systems ours,agl
 """
 
@@ -219,7 +219,12 @@ def worker_counts(args: argparse.Namespace) -> list[int]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rollouts", type=int, default=200)
+    parser.add_argument(
+        "--rollouts",
+        type=int,
+        default=1000,
+        help="rollouts per cell [default: 1000; with 200 a no-op cell lasts about a second and start-up dominates]",
+    )
     parser.add_argument("--workers", default="1,4,16")
     parser.add_argument("--backends", default="sqlite,postgres", help="our backends")
     parser.add_argument("--agents", default="noop,six_calls")
