@@ -326,7 +326,7 @@ class RolloutOps(ClaimOps):
             # a microsecond each): the next one waits until WAIT_READ_SPACING times this one's cost has passed, so
             # that a wait on thousands of rollouts ending fast takes a small share of the server's CPU, and answers
             # that much later at most (2 ms × 20 for 2,000 ids).
-            paced_until = time.monotonic() + (time.monotonic() - began) * (WAIT_READ_SPACING - 1)
+            paced_until = began + (time.monotonic() - began) * WAIT_READ_SPACING
             # An unknown id never finishes (as in Agent Lightning): it is waited for, then left out.
             done.update(rollout_id for (rollout_id,) in rows)
             pending -= done

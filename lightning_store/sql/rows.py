@@ -43,7 +43,7 @@ _ROLLOUT_SCALAR_COLUMNS = tuple(name for name in ROLLOUT_COLUMNS if name not in 
 _ATTEMPT_SCALAR_COLUMNS = tuple(name for name in ATTEMPT_COLUMNS if name != "metadata")
 
 
-def _as_text(dialect: str, column: sa.Column[Any]) -> sa.ColumnElement[Any]:
+def json_text(dialect: str, column: sa.Column[Any]) -> sa.ColumnElement[Any]:
     """A JSON column read as the text the database keeps, under its own name."""
     text = sa.cast(column, sa.Text) if dialect == "postgresql" else sa.type_coerce(column, sa.Text)
     return text.label(column.name)
@@ -52,14 +52,14 @@ def _as_text(dialect: str, column: sa.Column[Any]) -> sa.ColumnElement[Any]:
 @functools.cache
 def rollout_text_columns(dialect: str) -> tuple[sa.ColumnElement[Any], ...]:
     """What to select for :func:`rollout_from_text_row`: the scalar columns, and the JSON ones as their text."""
-    texts = (_as_text(dialect, rollouts.c[name]) for name in _ROLLOUT_JSON_COLUMNS)
+    texts = (json_text(dialect, rollouts.c[name]) for name in _ROLLOUT_JSON_COLUMNS)
     return (*(rollouts.c[name] for name in _ROLLOUT_SCALAR_COLUMNS), *texts)
 
 
 @functools.cache
 def attempt_text_columns(dialect: str) -> tuple[sa.ColumnElement[Any], ...]:
     """What to select for :func:`attempt_document`."""
-    return (*(attempts.c[name] for name in _ATTEMPT_SCALAR_COLUMNS), _as_text(dialect, attempts.c.metadata))
+    return (*(attempts.c[name] for name in _ATTEMPT_SCALAR_COLUMNS), json_text(dialect, attempts.c.metadata))
 
 
 def _document(row: Row, scalars: tuple[str, ...], texts: tuple[str, ...]) -> str:

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from pydantic_core import to_json
 
 from lightning_store.spans import Span
+from lightning_store.sql.rows import json_text
 from lightning_store.sql.schema import spans
 
 _JSON_COLUMNS = ("status", "attributes", "events", "links", "context", "parent", "resource")
@@ -26,8 +27,7 @@ _SCALAR_COLUMNS = tuple(name for name in Span.model_fields if name not in _JSON_
 def span_columns(dialect: str) -> tuple[sa.ColumnElement[Any], ...]:
     """What to select for :func:`span_from_text_row`: the scalar columns, and the JSON ones (``extra`` too) as
     their text, under their own names."""
-    as_text = (lambda c: sa.cast(c, sa.Text)) if dialect == "postgresql" else (lambda c: sa.type_coerce(c, sa.Text))
-    texts = (as_text(spans.c[name]).label(name) for name in (*_JSON_COLUMNS, "extra"))
+    texts = (json_text(dialect, spans.c[name]) for name in (*_JSON_COLUMNS, "extra"))
     return (*(spans.c[name] for name in _SCALAR_COLUMNS), *texts)
 
 

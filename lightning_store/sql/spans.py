@@ -273,43 +273,12 @@ class SpanOps(AttemptOps):
             return await _take_sequence_ids(conn, [rollout_id for rollout_id, _ in rollout_attempt_ids])
 
     async def query_spans(
-        self,
-        rollout_id: str,
-        attempt_id: str | None = None,
-        *,
-        trace_id: str | None = None,
-        trace_id_contains: str | None = None,
-        span_id: str | None = None,
-        span_id_contains: str | None = None,
-        parent_id: str | None = None,
-        parent_id_contains: str | None = None,
-        name: str | None = None,
-        name_contains: str | None = None,
-        filter_logic: FilterLogic = "and",
-        limit: int = -1,
-        offset: int = 0,
-        sort_by: str | None = "sequence_id",
-        sort_order: SortOrder = "asc",
+        self, rollout_id: str, attempt_id: str | None = None, **filters: Any
     ) -> PaginatedResult[Span]:
-        page = await self.query_span_documents(
-            rollout_id,
-            attempt_id,
-            trace_id=trace_id,
-            trace_id_contains=trace_id_contains,
-            span_id=span_id,
-            span_id_contains=span_id_contains,
-            parent_id=parent_id,
-            parent_id_contains=parent_id_contains,
-            name=name,
-            name_contains=name_contains,
-            filter_logic=filter_logic,
-            limit=limit,
-            offset=offset,
-            sort_by=sort_by,
-            sort_order=sort_order,
-        )
+        """The contract's ``query_spans`` (the arguments of :meth:`query_span_documents`): its documents, validated."""
+        page = await self.query_span_documents(rollout_id, attempt_id, **filters)
         items = [Span.model_validate_json(document) for document in page.items]
-        return PaginatedResult(items=items, limit=limit, offset=offset, total=page.total)
+        return PaginatedResult(items=items, limit=page.limit, offset=page.offset, total=page.total)
 
     async def query_span_documents(
         self,
