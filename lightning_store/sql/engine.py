@@ -62,9 +62,10 @@ def is_memory_sqlite(url: URL) -> bool:
     return is_sqlite(url) and url.database in (None, "", ":memory:")
 
 
-def make_engine(url: str | URL, *, pool_size: int = 10) -> AsyncEngine:
+def make_engine(url: str | URL, *, pool_size: int = 10, inline: bool = False) -> AsyncEngine:
     """An async engine. SQLite gets WAL, enforced foreign keys, a busy timeout, explicit transactions and
-    one trip to its connection's thread per statement (:mod:`lightning_store.sql.sqlite_driver`)."""
+    one trip to its connection's thread per statement (:mod:`lightning_store.sql.sqlite_driver`); ``inline``:
+    none, its statements run on the event loop's thread (for short ones: the store's writer)."""
     parsed = normalize_url(url)
     if not is_sqlite(parsed):
         return create_async_engine(
@@ -84,13 +85,17 @@ def make_engine(url: str | URL, *, pool_size: int = 10) -> AsyncEngine:
         kwargs.update(pool_size=pool_size, max_overflow=0)
     # The same connection arguments SQLAlchemy would give aiosqlite, to connections with one-trip statements.
     args, connect_args = parsed.get_dialect()().create_connect_args(parsed)
-    kwargs["async_creator"] = functools.partial(sqlite_driver.connect, *args, **connect_args)
+    kwargs["async_creator"] = functools.partial(sqlite_driver.connect, *args, inline=inline, **connect_args)
     engine = create_async_engine(parsed, **kwargs)
-    _configure_sqlite(engine)
+    _configure_sqlite(engine, inline=inline and sqlite_driver.ONE_TRIP)
     return engine
 
 
-def _configure_sqlite(engine: AsyncEngine) -> None:
+def _configure_sqlite(engine: AsyncEngine, *, inline: bool) -> None:
+    # An inline connection must not wait for a lock on the event loop's thread: it has no busy timeout, and its
+    # BEGIN waits on its own thread instead (sqlite_driver._begin_inline).
+    busy_timeout = 0 if inline else sqlite_driver.BUSY_TIMEOUT_MS
+
     @event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Take transaction control from the driver so that BEGIN is ours (see _on_begin).
@@ -100,7 +105,7 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
             "PRAGMA journal_mode=WAL",
             "PRAGMA synchronous=NORMAL",
             "PRAGMA foreign_keys=ON",
-            "PRAGMA busy_timeout=30000",
+            f"PRAGMA busy_timeout={busy_timeout}",
         ):
             cursor.execute(pragma)
         cursor.close()

@@ -18,6 +18,14 @@ read is then two trips, where it was four: the statement, and its commit.
 
 It relies on ``aiosqlite.Connection._execute`` (queue a function on the connection's thread), the one private
 name it needs; where an aiosqlite release lacks it, :func:`connect` returns plain aiosqlite connections.
+
+A connection opened with ``inline=True`` (the store's writer) takes no trip at all: its statements, commits and
+rollbacks run on the event loop's thread. A trip costs more than the short statements of a write transaction
+(a claim and an end took 1.6 ms of CPU with trips, 0.9 ms inline: each trip is a queue hand-off, a thread
+wake-up, a self-pipe write and an event loop wake-up). The one thing that may make SQLite wait, the write lock
+another process holds, must not stall the loop: the inline connection has no busy timeout, and a ``BEGIN
+IMMEDIATE`` that finds the lock taken waits for it on the connection's thread instead (:func:`_begin_waiting`),
+for the busy timeout every other connection has.
 """
 
 from __future__ import annotations
@@ -39,6 +47,9 @@ BEGIN, BEGIN_IMMEDIATE = "BEGIN", "BEGIN IMMEDIATE"
 BEGINS = frozenset({BEGIN, BEGIN_IMMEDIATE})
 """Held back until the transaction's first statement."""
 
+BUSY_TIMEOUT_MS = 30_000
+"""How long a statement waits for a lock another connection holds before it fails with "database is locked"."""
+
 _Outcome = tuple[Any, int, int | None, list[Any], bool]
 
 
@@ -52,10 +63,17 @@ class Transaction:
     open: bool = False
     """Whether the database has a transaction open, as of the last trip; ``True`` when a trip failed (unknown:
     the next commit or rollback then asks the database)."""
+    inline: bool = False
+    """Statements run on the event loop's thread, not the connection's (see the module's docstring)."""
 
 
-async def connect(database: str, **kwargs: Any) -> aiosqlite.Connection:
-    """An open aiosqlite connection (arguments as for ``sqlite3.connect``) whose cursors are one-trip ones."""
+async def connect(database: str, *, inline: bool = False, **kwargs: Any) -> aiosqlite.Connection:
+    """An open aiosqlite connection (arguments as for ``sqlite3.connect``) whose cursors are one-trip ones;
+    ``inline``: whose statements take no trip (see the module's docstring; the caller sets ``PRAGMA busy_timeout=0``
+    on it, as its first statement)."""
+    inline = inline and ONE_TRIP
+    if inline:
+        kwargs["check_same_thread"] = False  # opened on aiosqlite's thread, used on the event loop's
     connection = aiosqlite.connect(database, **kwargs)
     # As SQLAlchemy does for connections it opens itself: the thread must not keep the interpreter alive.
     thread: Any = getattr(connection, "_thread", connection)  # aiosqlite < 0.22: the connection is the thread
@@ -72,7 +90,7 @@ async def connect(database: str, **kwargs: Any) -> aiosqlite.Connection:
         raise
     if ONE_TRIP:
         # Instance attributes: the connection is otherwise aiosqlite's own (its thread, queue and close).
-        transaction = Transaction()
+        transaction = Transaction(inline=inline)
         setattr(connection, "cursor", lambda: OneTripCursor(connection, transaction))  # noqa: B010
         setattr(connection, "commit", functools.partial(_end, connection, transaction, "commit"))  # noqa: B010
         setattr(connection, "rollback", functools.partial(_end, connection, transaction, "rollback"))  # noqa: B010
@@ -83,6 +101,9 @@ async def _end(connection: aiosqlite.Connection, transaction: Transaction, how: 
     """Commit or roll back; no trip when no transaction was started."""
     transaction.pending_begin = None
     if not transaction.open:
+        return
+    if transaction.inline:
+        transaction.open = _finish(connection._conn, how)
         return
     still_open: bool = await connection._execute(_finish, connection._conn, how)  # type: ignore[no-untyped-call]
     transaction.open = still_open
@@ -139,12 +160,36 @@ class OneTripCursor:
         connection, transaction = self._connection, self._transaction
         begin, transaction.pending_begin = transaction.pending_begin, None
         transaction.open = True  # until the trip says otherwise: a failed or cancelled one leaves it unknown
-        outcome: _Outcome = await connection._execute(function, connection._conn, begin, *args)  # type: ignore[no-untyped-call]
+        if transaction.inline:
+            if begin is not None:
+                await _begin_inline(connection, begin)
+            outcome = function(connection._conn, None, *args)
+        else:
+            outcome = await connection._execute(function, connection._conn, begin, *args)  # type: ignore[no-untyped-call]
         transaction.open = outcome[4]
         return outcome
 
     def _take(self, outcome: _Outcome) -> None:
         self.description, self.rowcount, self.lastrowid, self._rows, _ = outcome
+
+
+async def _begin_inline(connection: aiosqlite.Connection, begin: str) -> None:
+    """``begin`` on the event loop's thread when the lock is free (the connection has no busy timeout), else on
+    the connection's thread, waiting for the lock as long as other connections would."""
+    try:
+        connection._conn.execute(begin)
+    except sqlite3.OperationalError as error:
+        if error.sqlite_errorcode != sqlite3.SQLITE_BUSY:
+            raise
+        await connection._execute(_begin_waiting, connection._conn, begin)  # type: ignore[no-untyped-call]
+
+
+def _begin_waiting(connection: sqlite3.Connection, begin: str) -> None:
+    connection.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    try:
+        connection.execute(begin)
+    finally:
+        connection.execute("PRAGMA busy_timeout=0")
 
 
 def _execute(connection: sqlite3.Connection, begin: str | None, sql: str, parameters: Sequence[Any] | None) -> _Outcome:

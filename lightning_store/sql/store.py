@@ -100,8 +100,9 @@ async def open_store(
     settings = settings or load_settings(database_url=database_url, migrate_on_start=migrate, **overrides)
     url = normalize_url(settings.database_url)
     engine = make_engine(url, pool_size=settings.pool_size)
-    # SQLite has one writer at a time (the store's lock serializes them): one connection of their own serves them.
-    writer = make_engine(url, pool_size=1) if is_sqlite(url) and not is_memory_sqlite(url) else None
+    # SQLite has one writer at a time (the store's lock serializes them): one connection of their own serves them,
+    # its short statements run on the event loop's thread (sqlite_driver: no trip to a thread per statement).
+    writer = make_engine(url, pool_size=1, inline=True) if is_sqlite(url) and not is_memory_sqlite(url) else None
     store = SqlStore(engine, url, settings, writer)
     should_migrate = settings.migrate_on_start
     if should_migrate is None:

@@ -13,7 +13,7 @@ from lightning_store.contract import UNSET, Unset
 from lightning_store.models import WORKER_STATUSES, FilterLogic, PaginatedResult, SortOrder, Worker, WorkerStatus
 from lightning_store.sql import validate
 from lightning_store.sql.base import SqlBase
-from lightning_store.sql.dialect import contains_text, insert_ignoring_conflicts, upsert
+from lightning_store.sql.dialect import contains_text, insert_ignoring_conflicts, upsert_by_name
 from lightning_store.sql.paging import combine, fetch_page
 from lightning_store.sql.rows import WORKER_COLUMNS, worker_from_row
 from lightning_store.sql.schema import workers
@@ -87,4 +87,5 @@ class WorkerOps(SqlBase):
         values: dict[str, Any] = {"worker_id": worker_id, "last_dequeue_time": now, "status": "idle"}
         if current != "idle":
             values.update(last_idle_time=now, current_rollout_id=None, current_attempt_id=None)
-        await conn.execute(upsert(self.dialect, workers, ["worker_id"], values))
+        # Built once per set of columns (two): building an upsert per empty claim cost more than running it.
+        await conn.execute(upsert_by_name(self.dialect, workers, ("worker_id",), tuple(values)), values)

@@ -128,6 +128,52 @@ async def test_a_store_write_does_not_wait_for_the_readers_pool(tmp_path: Path) 
         await store.close()
 
 
+@one_trip
+async def test_the_writer_takes_no_trip_to_its_thread(tmp_path: Path) -> None:
+    """The store's writer runs its statements, commit included, on the event loop's thread: a write
+    transaction sends nothing to the connection's thread while the lock is free."""
+    store = await open_store(f"sqlite:///{tmp_path / 'store.db'}", watchdog=False)
+    try:
+        sent = await trips(store.writer)
+        await store.add_resources({"policy": LLM(endpoint="http://x/v1", model="m")})
+        await store.enqueue_many_rollouts([{"input": {"i": 1}}])  # type: ignore[list-item]
+        assert len(await store.claim_rollouts(limit=1, worker_id="w")) == 1
+        assert sent == []
+    finally:
+        await store.close()
+
+
+@one_trip
+async def test_a_writer_waits_for_another_process_lock_without_stalling_the_event_loop(tmp_path: Path) -> None:
+    """While another connection holds SQLite's write lock, a write waits for it on its connection's thread (as
+    long as the busy timeout), and the event loop goes on serving everything else meanwhile; once the lock is
+    released the write completes."""
+    path = tmp_path / "store.db"
+    store = await open_store(f"sqlite:///{path}", watchdog=False)
+    other = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        sent = await trips(store.writer)
+        other.execute("BEGIN IMMEDIATE")
+        write = asyncio.ensure_future(store.enqueue_many_rollouts([{"input": {"i": 1}}]))  # type: ignore[list-item]
+        await asyncio.sleep(0)  # the write starts, and finds the lock taken
+        started = asyncio.get_running_loop().time()
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+        # Had the write waited on the loop's thread, the loop would have stood still for its busy timeout (30 s).
+        assert asyncio.get_running_loop().time() - started < 5
+        assert not write.done()
+        assert (await store.query_rollouts()).items == []  # a read is served meanwhile
+        other.execute("COMMIT")
+        enqueued = await asyncio.wait_for(write, 10)
+        assert [r.rollout_id for r in (await store.query_rollouts()).items] == [enqueued[0].rollout_id]
+        assert sent == ["_begin_waiting"]
+        await store.enqueue_many_rollouts([{"input": {"i": 2}}])  # type: ignore[list-item]
+        assert sent == ["_begin_waiting"]  # the lock is free again: no trip
+    finally:
+        other.close()
+        await store.close()
+
+
 def test_a_frozen_startup_heap_still_collects_what_is_made_later() -> None:
     """``aio.freeze_startup_heap`` in a process of its own (freezing is for good): what existed is exempt from
     collection, a reference cycle made afterwards is still collected."""
