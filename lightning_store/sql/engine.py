@@ -93,7 +93,7 @@ def make_engine(url: str | URL, *, pool_size: int = 10, inline: bool = False) ->
 
 def _configure_sqlite(engine: AsyncEngine, *, inline: bool) -> None:
     # An inline connection must not wait for a lock on the event loop's thread: it has no busy timeout, and its
-    # BEGIN waits on its own thread instead (sqlite_driver._begin_inline).
+    # statements that find a lock taken wait on its own thread instead (sqlite_driver._inline).
     busy_timeout = 0 if inline else sqlite_driver.BUSY_TIMEOUT_MS
 
     @event.listens_for(engine.sync_engine, "connect")

@@ -24,8 +24,9 @@ rollbacks run on the event loop's thread. A trip costs more than the short state
 (a claim and an end took 1.6 ms of CPU with trips, 0.9 ms inline: each trip is a queue hand-off, a thread
 wake-up, a self-pipe write and an event loop wake-up). The one thing that may make SQLite wait, the write lock
 another process holds, must not stall the loop: the inline connection has no busy timeout, and a ``BEGIN
-IMMEDIATE`` that finds the lock taken waits for it on the connection's thread instead (:func:`_begin_waiting`),
-for the busy timeout every other connection has.
+IMMEDIATE`` (or any statement) that finds a lock taken waits for it on the connection's thread instead
+(:func:`_inline`), for the busy timeout every other connection has. The store's short reads that need no
+snapshot (the proxy's resources, the waits' checks) take the same path.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import functools
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import aiosqlite
 
@@ -51,6 +52,7 @@ BUSY_TIMEOUT_MS = 30_000
 """How long a statement waits for a lock another connection holds before it fails with "database is locked"."""
 
 _Outcome = tuple[Any, int, int | None, list[Any], bool]
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -103,7 +105,7 @@ async def _end(connection: aiosqlite.Connection, transaction: Transaction, how: 
     if not transaction.open:
         return
     if transaction.inline:
-        transaction.open = _finish(connection._conn, how)
+        transaction.open = await _inline(connection, _finish, how)
         return
     still_open: bool = await connection._execute(_finish, connection._conn, how)  # type: ignore[no-untyped-call]
     transaction.open = still_open
@@ -161,9 +163,7 @@ class OneTripCursor:
         begin, transaction.pending_begin = transaction.pending_begin, None
         transaction.open = True  # until the trip says otherwise: a failed or cancelled one leaves it unknown
         if transaction.inline:
-            if begin is not None:
-                await _begin_inline(connection, begin)
-            outcome = function(connection._conn, None, *args)
+            outcome = await _inline(connection, function, begin, *args)
         else:
             outcome = await connection._execute(function, connection._conn, begin, *args)  # type: ignore[no-untyped-call]
         transaction.open = outcome[4]
@@ -173,21 +173,22 @@ class OneTripCursor:
         self.description, self.rowcount, self.lastrowid, self._rows, _ = outcome
 
 
-async def _begin_inline(connection: aiosqlite.Connection, begin: str) -> None:
-    """``begin`` on the event loop's thread when the lock is free (the connection has no busy timeout), else on
-    the connection's thread, waiting for the lock as long as other connections would."""
+async def _inline(connection: aiosqlite.Connection, function: Callable[..., _T], *args: Any) -> _T:
+    """``function`` on the event loop's thread; when it finds a lock taken (SQLITE_BUSY at once: the connection
+    has no busy timeout), again on the connection's thread, waiting for the lock as long as other connections
+    would. SQLite undoes a statement that fails with SQLITE_BUSY, so running it again is safe."""
     try:
-        connection._conn.execute(begin)
+        return function(connection._conn, *args)
     except sqlite3.OperationalError as error:
         if error.sqlite_errorcode != sqlite3.SQLITE_BUSY:
             raise
-        await connection._execute(_begin_waiting, connection._conn, begin)  # type: ignore[no-untyped-call]
+    return await connection._execute(_waiting, function, connection._conn, *args)  # type: ignore[no-any-return, no-untyped-call]
 
 
-def _begin_waiting(connection: sqlite3.Connection, begin: str) -> None:
+def _waiting(function: Callable[..., _T], connection: sqlite3.Connection, *args: Any) -> _T:
     connection.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     try:
-        connection.execute(begin)
+        return function(connection, *args)
     finally:
         connection.execute("PRAGMA busy_timeout=0")
 
@@ -195,7 +196,7 @@ def _begin_waiting(connection: sqlite3.Connection, begin: str) -> None:
 def _execute(connection: sqlite3.Connection, begin: str | None, sql: str, parameters: Sequence[Any] | None) -> _Outcome:
     cursor = connection.cursor()
     try:
-        if begin is not None:
+        if begin is not None and not connection.in_transaction:  # in one: a retry whose BEGIN went through
             cursor.execute(begin)
         cursor.execute(sql, () if parameters is None else parameters)
         return _outcome(connection, cursor)
@@ -208,7 +209,7 @@ def _executemany(
 ) -> _Outcome:
     cursor = connection.cursor()
     try:
-        if begin is not None:
+        if begin is not None and not connection.in_transaction:
             cursor.execute(begin)
         cursor.executemany(sql, parameters)
         return _outcome(connection, cursor)

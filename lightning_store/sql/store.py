@@ -80,8 +80,8 @@ class SqlStore(RolloutOps, EndOps, LlmCallOps, SpanSearchOps, ResourceOps, Watch
             await self._listener.stop()
             self._listener = None
         await self.engine.dispose()
-        if self.writer is not self.engine:
-            await self.writer.dispose()
+        for own in {self.writer, self.statement_engine} - {self.engine}:
+            await own.dispose()
 
 
 async def open_store(
@@ -102,8 +102,11 @@ async def open_store(
     engine = make_engine(url, pool_size=settings.pool_size)
     # SQLite has one writer at a time (the store's lock serializes them): one connection of their own serves them,
     # its short statements run on the event loop's thread (sqlite_driver: no trip to a thread per statement).
-    writer = make_engine(url, pool_size=1, inline=True) if is_sqlite(url) and not is_memory_sqlite(url) else None
-    store = SqlStore(engine, url, settings, writer)
+    # The short reads that need no snapshot run inline too, on connections of their own.
+    file_sqlite = is_sqlite(url) and not is_memory_sqlite(url)
+    writer = make_engine(url, pool_size=1, inline=True) if file_sqlite else None
+    statement_reader = make_engine(url, pool_size=2, inline=True) if file_sqlite else None
+    store = SqlStore(engine, url, settings, writer, statement_reader)
     should_migrate = settings.migrate_on_start
     if should_migrate is None:
         should_migrate = store.is_sqlite

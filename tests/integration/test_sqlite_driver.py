@@ -129,16 +129,18 @@ async def test_a_store_write_does_not_wait_for_the_readers_pool(tmp_path: Path) 
 
 
 @one_trip
-async def test_the_writer_takes_no_trip_to_its_thread(tmp_path: Path) -> None:
-    """The store's writer runs its statements, commit included, on the event loop's thread: a write
-    transaction sends nothing to the connection's thread while the lock is free."""
+async def test_the_writer_and_the_short_reads_take_no_trip_to_a_thread(tmp_path: Path) -> None:
+    """The store's writer runs its statements, commit included, on the event loop's thread, and so do the short
+    reads that need no snapshot (the proxy's resources per call): nothing goes to a connection's thread while no
+    lock is taken."""
     store = await open_store(f"sqlite:///{tmp_path / 'store.db'}", watchdog=False)
     try:
-        sent = await trips(store.writer)
-        await store.add_resources({"policy": LLM(endpoint="http://x/v1", model="m")})
+        written, read = await trips(store.writer), await trips(store.statement_engine)
+        update = await store.add_resources({"policy": LLM(endpoint="http://x/v1", model="m")})
         await store.enqueue_many_rollouts([{"input": {"i": 1}}])  # type: ignore[list-item]
-        assert len(await store.claim_rollouts(limit=1, worker_id="w")) == 1
-        assert sent == []
+        [claim] = await store.claim_rollouts(limit=1, worker_id="w")
+        assert await store.get_attempt_resources(claim.rollout.rollout_id, claim.rollout.attempt.attempt_id) == update
+        assert written == [] and read == []
     finally:
         await store.close()
 
@@ -166,9 +168,9 @@ async def test_a_writer_waits_for_another_process_lock_without_stalling_the_even
         other.execute("COMMIT")
         enqueued = await asyncio.wait_for(write, 10)
         assert [r.rollout_id for r in (await store.query_rollouts()).items] == [enqueued[0].rollout_id]
-        assert sent == ["_begin_waiting"]
+        assert sent == ["_waiting"]
         await store.enqueue_many_rollouts([{"input": {"i": 2}}])  # type: ignore[list-item]
-        assert sent == ["_begin_waiting"]  # the lock is free again: no trip
+        assert sent == ["_waiting"]  # the lock is free again: no trip
     finally:
         other.close()
         await store.close()
