@@ -47,7 +47,6 @@ class SqlBase:
         url: URL,
         settings: StoreSettings,
         writer: AsyncEngine | None = None,
-        statement_reader: AsyncEngine | None = None,
     ) -> None:
         self.engine = engine
         self.writer = writer or engine
@@ -61,13 +60,9 @@ class SqlBase:
         # bought nothing but two round trips per read (a proxied LLM call reads its attempt's resources). On
         # SQLite a read transaction holds one snapshot for all its statements, and costs no trip of its own.
         self._reader = engine if self.is_sqlite else engine.execution_options(isolation_level="AUTOCOMMIT")
-        # Reads whose statements need no common snapshot run without a transaction on SQLite too, through
-        # ``statement_reader`` where given (an engine of inline connections: no trip to a database thread at all;
-        # these are short keyed reads: the proxy's resources per call, the waits' checks, the queue's).
-        self.statement_engine = statement_reader or engine
-        self._statement_reader = (
-            self.statement_engine.execution_options(**{STATEMENT_OPTION: True}) if self.is_sqlite else None
-        )
+        # Reads whose statements need no common snapshot run without a transaction on SQLite too: a read of one
+        # statement is then one statement, without a BEGIN and a COMMIT (the proxy reads resources per call).
+        self._statement_reader = engine.execution_options(**{STATEMENT_OPTION: True}) if self.is_sqlite else None
         self.topics = {name: Topic() for name in TOPICS}
         self._write_lock = asyncio.Lock()
         self._started_at = time.time()

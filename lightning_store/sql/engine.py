@@ -62,10 +62,11 @@ def is_memory_sqlite(url: URL) -> bool:
     return is_sqlite(url) and url.database in (None, "", ":memory:")
 
 
-def make_engine(url: str | URL, *, pool_size: int = 10, inline: bool = False) -> AsyncEngine:
+def make_engine(url: str | URL, *, pool_size: int = 10, inline: bool = False, budget: int | None = None) -> AsyncEngine:
     """An async engine. SQLite gets WAL, enforced foreign keys, a busy timeout, explicit transactions and
     one trip to its connection's thread per statement (:mod:`lightning_store.sql.sqlite_driver`); ``inline``:
-    none, its statements run on the event loop's thread (for short ones: the store's writer)."""
+    none, its statements run on the event loop's thread, and move to their connection's thread when they meet a
+    lock or run past ``budget`` steps."""
     parsed = normalize_url(url)
     if not is_sqlite(parsed):
         return create_async_engine(
@@ -85,7 +86,9 @@ def make_engine(url: str | URL, *, pool_size: int = 10, inline: bool = False) ->
         kwargs.update(pool_size=pool_size, max_overflow=0)
     # The same connection arguments SQLAlchemy would give aiosqlite, to connections with one-trip statements.
     args, connect_args = parsed.get_dialect()().create_connect_args(parsed)
-    kwargs["async_creator"] = functools.partial(sqlite_driver.connect, *args, inline=inline, **connect_args)
+    kwargs["async_creator"] = functools.partial(
+        sqlite_driver.connect, *args, inline=inline, budget=budget, **connect_args
+    )
     engine = create_async_engine(parsed, **kwargs)
     _configure_sqlite(engine, inline=inline and sqlite_driver.ONE_TRIP)
     return engine

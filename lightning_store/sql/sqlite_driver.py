@@ -19,14 +19,19 @@ read is then two trips, where it was four: the statement, and its commit.
 It relies on ``aiosqlite.Connection._execute`` (queue a function on the connection's thread), the one private
 name it needs; where an aiosqlite release lacks it, :func:`connect` returns plain aiosqlite connections.
 
-A connection opened with ``inline=True`` (the store's writer) takes no trip at all: its statements, commits and
-rollbacks run on the event loop's thread. A trip costs more than the short statements of a write transaction
-(a claim and an end took 1.6 ms of CPU with trips, 0.9 ms inline: each trip is a queue hand-off, a thread
-wake-up, a self-pipe write and an event loop wake-up). The one thing that may make SQLite wait, the write lock
-another process holds, must not stall the loop: the inline connection has no busy timeout, and a ``BEGIN
-IMMEDIATE`` (or any statement) that finds a lock taken waits for it on the connection's thread instead
-(:func:`_inline`), for the busy timeout every other connection has. The store's short reads that need no
-snapshot (the proxy's resources, the waits' checks) take the same path.
+A connection opened with ``inline=True`` takes no trip at all: its statements, commits and rollbacks run on the
+event loop's thread. A trip costs more than most of the store's statements (a claim and an end took 1.6 ms of
+CPU with trips, 0.9 ms inline: each trip is a queue hand-off, a thread wake-up, a self-pipe write and an event
+loop wake-up). Two things may make a statement slow, and neither may stall the loop:
+
+- *a lock another process holds*: an inline connection has no busy timeout, and a statement that finds a lock
+  taken (SQLITE_BUSY at once) runs again on the connection's thread, waiting as long as other connections would;
+- *a long statement* (a dashboard's aggregate, a page of thousands of spans): a connection opened with a
+  ``budget`` interrupts a statement once it has run that many SQLite virtual-machine steps (a progress handler;
+  :data:`READ_BUDGET` is about 2 ms) and runs it again on the connection's thread, where it has no budget. Only
+  a ``SELECT`` has a budget: SQLite rolls back the transaction of an ``INSERT``, ``UPDATE`` or ``DELETE`` it
+  interrupts (a migration's, say), and an interrupted ``SELECT`` leaves its transaction as it was. The store's
+  writer has no budget at all (its statements are short; a batch of a thousand spans takes a few milliseconds).
 """
 
 from __future__ import annotations
@@ -50,6 +55,9 @@ BEGINS = frozenset({BEGIN, BEGIN_IMMEDIATE})
 
 BUSY_TIMEOUT_MS = 30_000
 """How long a statement waits for a lock another connection holds before it fails with "database is locked"."""
+READ_BUDGET = 200_000
+"""SQLite virtual-machine steps an inline read may take before it moves to its thread (about 2 ms here)."""
+_MOVE_TO_THREAD = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_INTERRUPT})
 
 _Outcome = tuple[Any, int, int | None, list[Any], bool]
 _T = TypeVar("_T")
@@ -67,12 +75,22 @@ class Transaction:
     the next commit or rollback then asks the database)."""
     inline: bool = False
     """Statements run on the event loop's thread, not the connection's (see the module's docstring)."""
+    budget: int | None = None
+    """The steps an inline ``SELECT`` may take before it moves to the connection's thread (None: no limit)."""
+    reading: bool = False
+    """An inline ``SELECT`` with a budget is running: the progress handler interrupts it."""
+
+    def interrupt(self) -> int:
+        """SQLite's progress handler, called every ``budget`` steps of a statement: nonzero interrupts it."""
+        return 1 if self.reading else 0
 
 
-async def connect(database: str, *, inline: bool = False, **kwargs: Any) -> aiosqlite.Connection:
+async def connect(
+    database: str, *, inline: bool = False, budget: int | None = None, **kwargs: Any
+) -> aiosqlite.Connection:
     """An open aiosqlite connection (arguments as for ``sqlite3.connect``) whose cursors are one-trip ones;
-    ``inline``: whose statements take no trip (see the module's docstring; the caller sets ``PRAGMA busy_timeout=0``
-    on it, as its first statement)."""
+    ``inline``: whose statements take no trip, ``budget`` steps at most each (see the module's docstring; the
+    caller sets ``PRAGMA busy_timeout=0`` on it, as its first statement)."""
     inline = inline and ONE_TRIP
     if inline:
         kwargs["check_same_thread"] = False  # opened on aiosqlite's thread, used on the event loop's
@@ -92,7 +110,9 @@ async def connect(database: str, *, inline: bool = False, **kwargs: Any) -> aios
         raise
     if ONE_TRIP:
         # Instance attributes: the connection is otherwise aiosqlite's own (its thread, queue and close).
-        transaction = Transaction(inline=inline)
+        transaction = Transaction(inline=inline, budget=budget if inline else None)
+        if transaction.budget is not None:
+            connection._conn.set_progress_handler(transaction.interrupt, transaction.budget)
         setattr(connection, "cursor", lambda: OneTripCursor(connection, transaction))  # noqa: B010
         setattr(connection, "commit", functools.partial(_end, connection, transaction, "commit"))  # noqa: B010
         setattr(connection, "rollback", functools.partial(_end, connection, transaction, "rollback"))  # noqa: B010
@@ -105,7 +125,7 @@ async def _end(connection: aiosqlite.Connection, transaction: Transaction, how: 
     if not transaction.open:
         return
     if transaction.inline:
-        transaction.open = await _inline(connection, _finish, how)
+        transaction.open = await _inline(connection, transaction, _finish, how)
         return
     still_open: bool = await connection._execute(_finish, connection._conn, how)  # type: ignore[no-untyped-call]
     transaction.open = still_open
@@ -163,7 +183,7 @@ class OneTripCursor:
         begin, transaction.pending_begin = transaction.pending_begin, None
         transaction.open = True  # until the trip says otherwise: a failed or cancelled one leaves it unknown
         if transaction.inline:
-            outcome = await _inline(connection, function, begin, *args)
+            outcome = await _inline(connection, transaction, function, begin, *args)
         else:
             outcome = await connection._execute(function, connection._conn, begin, *args)  # type: ignore[no-untyped-call]
         transaction.open = outcome[4]
@@ -173,19 +193,32 @@ class OneTripCursor:
         self.description, self.rowcount, self.lastrowid, self._rows, _ = outcome
 
 
-async def _inline(connection: aiosqlite.Connection, function: Callable[..., _T], *args: Any) -> _T:
-    """``function`` on the event loop's thread; when it finds a lock taken (SQLITE_BUSY at once: the connection
-    has no busy timeout), again on the connection's thread, waiting for the lock as long as other connections
-    would. SQLite undoes a statement that fails with SQLITE_BUSY, so running it again is safe."""
+async def _inline(
+    connection: aiosqlite.Connection, transaction: Transaction, function: Callable[..., _T], *args: Any
+) -> _T:
+    """``function`` on the event loop's thread; when it finds a lock taken or a ``SELECT`` runs out of its budget,
+    again on the connection's thread (see the module's docstring). SQLite undoes a statement that fails either
+    way (and keeps the transaction of an interrupted ``SELECT`` open), so running it again is safe."""
+    transaction.reading = transaction.budget is not None and function is _execute and _is_select(args[1])
     try:
         return function(connection._conn, *args)
     except sqlite3.OperationalError as error:
-        if error.sqlite_errorcode != sqlite3.SQLITE_BUSY:
+        if error.sqlite_errorcode not in _MOVE_TO_THREAD:
             raise
-    return await connection._execute(_waiting, function, connection._conn, *args)  # type: ignore[no-any-return, no-untyped-call]
+    finally:
+        transaction.reading = False
+    call = functools.partial(_on_own_thread, transaction, function, connection._conn, *args)
+    return await connection._execute(call)  # type: ignore[no-any-return, no-untyped-call]
 
 
-def _waiting(function: Callable[..., _T], connection: sqlite3.Connection, *args: Any) -> _T:
+def _is_select(sql: str) -> bool:
+    return sql[:6].upper() == "SELECT"
+
+
+def _on_own_thread(
+    transaction: Transaction, function: Callable[..., _T], connection: sqlite3.Connection, *args: Any
+) -> _T:
+    """``function`` as a connection that is not inline runs it: with the busy timeout, without a budget."""
     connection.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     try:
         return function(connection, *args)

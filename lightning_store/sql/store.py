@@ -21,6 +21,7 @@ from lightning_store.sql.resources import ResourceOps
 from lightning_store.sql.rollouts import RolloutOps
 from lightning_store.sql.schema import attempts, resources, rollouts, spans, workers
 from lightning_store.sql.span_search import SpanSearchOps
+from lightning_store.sql.sqlite_driver import READ_BUDGET
 from lightning_store.sql.watchdog import WatchdogOps
 
 
@@ -80,8 +81,8 @@ class SqlStore(RolloutOps, EndOps, LlmCallOps, SpanSearchOps, ResourceOps, Watch
             await self._listener.stop()
             self._listener = None
         await self.engine.dispose()
-        for own in {self.writer, self.statement_engine} - {self.engine}:
-            await own.dispose()
+        if self.writer is not self.engine:
+            await self.writer.dispose()
 
 
 async def open_store(
@@ -99,14 +100,14 @@ async def open_store(
     """
     settings = settings or load_settings(database_url=database_url, migrate_on_start=migrate, **overrides)
     url = normalize_url(settings.database_url)
-    engine = make_engine(url, pool_size=settings.pool_size)
-    # SQLite has one writer at a time (the store's lock serializes them): one connection of their own serves them,
-    # its short statements run on the event loop's thread (sqlite_driver: no trip to a thread per statement).
-    # The short reads that need no snapshot run inline too, on connections of their own.
+    # On a SQLite file every statement runs on the event loop's thread (sqlite_driver: a trip to a connection's
+    # thread per statement cost more than most statements); a read that runs long moves to its thread.
     file_sqlite = is_sqlite(url) and not is_memory_sqlite(url)
+    engine = make_engine(url, pool_size=settings.pool_size, inline=file_sqlite, budget=READ_BUDGET)
+    # SQLite has one writer at a time (the store's lock serializes them): one connection of their own serves them,
+    # without a budget (an interrupted statement would roll its transaction back).
     writer = make_engine(url, pool_size=1, inline=True) if file_sqlite else None
-    statement_reader = make_engine(url, pool_size=2, inline=True) if file_sqlite else None
-    store = SqlStore(engine, url, settings, writer, statement_reader)
+    store = SqlStore(engine, url, settings, writer)
     should_migrate = settings.migrate_on_start
     if should_migrate is None:
         should_migrate = store.is_sqlite

@@ -6,6 +6,7 @@ heap."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import sqlite3
 import subprocess
 import sys
@@ -43,7 +44,8 @@ async def trips(engine: AsyncEngine) -> list[str]:
     send = aiosqlite_connection._execute
 
     async def counting(function: Any, *args: Any) -> Any:
-        sent.append(getattr(function, "__name__", repr(function)))
+        named = function.func if isinstance(function, functools.partial) else function
+        sent.append(getattr(named, "__name__", repr(named)))
         return await send(function, *args)
 
     aiosqlite_connection._execute = counting
@@ -130,12 +132,12 @@ async def test_a_store_write_does_not_wait_for_the_readers_pool(tmp_path: Path) 
 
 @one_trip
 async def test_the_writer_and_the_short_reads_take_no_trip_to_a_thread(tmp_path: Path) -> None:
-    """The store's writer runs its statements, commit included, on the event loop's thread, and so do the short
-    reads that need no snapshot (the proxy's resources per call): nothing goes to a connection's thread while no
-    lock is taken."""
+    """The store's writer runs its statements, commit included, on the event loop's thread, and so do its reads
+    (the proxy's resources per call, a claim's): nothing goes to a connection's thread while no lock is taken and
+    no read runs long."""
     store = await open_store(f"sqlite:///{tmp_path / 'store.db'}", watchdog=False)
     try:
-        written, read = await trips(store.writer), await trips(store.statement_engine)
+        written, read = await trips(store.writer), await trips(store.engine)
         update = await store.add_resources({"policy": LLM(endpoint="http://x/v1", model="m")})
         await store.enqueue_many_rollouts([{"input": {"i": 1}}])  # type: ignore[list-item]
         [claim] = await store.claim_rollouts(limit=1, worker_id="w")
@@ -168,12 +170,39 @@ async def test_a_writer_waits_for_another_process_lock_without_stalling_the_even
         other.execute("COMMIT")
         enqueued = await asyncio.wait_for(write, 10)
         assert [r.rollout_id for r in (await store.query_rollouts()).items] == [enqueued[0].rollout_id]
-        assert sent == ["_waiting"]
+        assert sent == ["_on_own_thread"]
         await store.enqueue_many_rollouts([{"input": {"i": 2}}])  # type: ignore[list-item]
-        assert sent == ["_waiting"]  # the lock is free again: no trip
+        assert sent == ["_on_own_thread"]  # the lock is free again: no trip
     finally:
         other.close()
         await store.close()
+
+
+@one_trip
+async def test_a_long_select_moves_to_its_thread_and_a_long_write_does_not(tmp_path: Path) -> None:
+    """An inline ``SELECT`` that runs past its budget of SQLite steps is interrupted and run again on its
+    connection's thread, with the same answer and its transaction intact; a write is never interrupted (SQLite
+    would roll its transaction back), however long it runs."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'budget.db'}", pool_size=1, inline=True, budget=1_000)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(sa.text("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT)"))
+        sent = await trips(engine)
+        async with engine.begin() as conn:  # a write transaction whose statements each run past the budget
+            numbers = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 5000)"
+            await conn.execute(sa.text(f"INSERT INTO items (name) {numbers} SELECT 'n' || i FROM n"))
+            await conn.execute(sa.text("UPDATE items SET name = name || '!'"))
+        assert sent == []
+        async with engine.connect() as conn, conn.begin():
+            assert (await conn.execute(sa.text("SELECT count(*) FROM items WHERE id = 1"))).scalar() == 1
+            assert sent == []  # short: inline
+            total = (await conn.execute(sa.text("SELECT count(*), min(name) FROM items WHERE name LIKE '%!'"))).one()
+            assert tuple(total) == (5000, "n1!")
+            assert sent == ["_on_own_thread"]
+            assert (await conn.execute(sa.text("SELECT count(*) FROM items WHERE id = 2"))).scalar() == 1
+        assert sent == ["_on_own_thread"]  # the transaction went on inline, and ended without a trip
+    finally:
+        await engine.dispose()
 
 
 def test_a_frozen_startup_heap_still_collects_what_is_made_later() -> None:
