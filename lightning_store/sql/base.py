@@ -42,11 +42,7 @@ class SqlBase:
     """State and transaction helpers; see :class:`lightning_store.sql.store.SqlStore` for the public API."""
 
     def __init__(
-        self,
-        engine: AsyncEngine,
-        url: URL,
-        settings: StoreSettings,
-        writer: AsyncEngine | None = None,
+        self, engine: AsyncEngine, url: URL, settings: StoreSettings, writer: AsyncEngine | None = None
     ) -> None:
         self.engine = engine
         self.writer = writer or engine

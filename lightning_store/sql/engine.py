@@ -85,12 +85,13 @@ def make_engine(url: str | URL, *, pool_size: int = 10, inline: bool = False, bu
         # pooled connection is cheaper (and SQLite gains nothing from more concurrent readers on a few cores).
         kwargs.update(pool_size=pool_size, max_overflow=0)
     # The same connection arguments SQLAlchemy would give aiosqlite, to connections with one-trip statements.
+    inline = inline and sqlite_driver.ONE_TRIP
     args, connect_args = parsed.get_dialect()().create_connect_args(parsed)
     kwargs["async_creator"] = functools.partial(
         sqlite_driver.connect, *args, inline=inline, budget=budget, **connect_args
     )
     engine = create_async_engine(parsed, **kwargs)
-    _configure_sqlite(engine, inline=inline and sqlite_driver.ONE_TRIP)
+    _configure_sqlite(engine, inline=inline)
     return engine
 
 

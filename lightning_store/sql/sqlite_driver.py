@@ -207,7 +207,7 @@ async def _inline(
             raise
     finally:
         transaction.reading = False
-    call = functools.partial(_on_own_thread, transaction, function, connection._conn, *args)
+    call = functools.partial(_on_own_thread, function, connection._conn, *args)
     return await connection._execute(call)  # type: ignore[no-any-return, no-untyped-call]
 
 
@@ -215,9 +215,7 @@ def _is_select(sql: str) -> bool:
     return sql[:6].upper() == "SELECT"
 
 
-def _on_own_thread(
-    transaction: Transaction, function: Callable[..., _T], connection: sqlite3.Connection, *args: Any
-) -> _T:
+def _on_own_thread(function: Callable[..., _T], connection: sqlite3.Connection, *args: Any) -> _T:
     """``function`` as a connection that is not inline runs it: with the busy timeout, without a budget."""
     connection.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     try:
