@@ -20,7 +20,12 @@ its ``LLMProxy`` (LiteLLM) as an algorithm would and the six calls go through it
 (default 0.1 s; Agent Lightning's default of 5 s would dominate every cell) where ours long-poll. ``x agl`` is
 ours over Agent Lightning's rollouts/s for the same agent and worker count.
 
+A cell lasts a few seconds, and on a shared machine one run of it can be a third off the next. ``--repeat R``
+runs every cell R times, in R rounds that each run ours and then Agent Lightning's (so that a drift of the
+machine meets both), and reports each cell's median (its range beside it) and the ratio of the medians.
+
     python -m bench.runner_throughput --workers 1,4,16
+    python -m bench.runner_throughput --workers 1,4,16 --agents noop --repeat 3
     python -m bench.runner_throughput --rollouts 40 --workers 1,4 --backends sqlite --systems ours,agl
 """
 
@@ -31,6 +36,7 @@ import asyncio
 import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -177,6 +183,17 @@ def run_agl(args: argparse.Namespace, agl_python: str, upstream: str, directory:
     return results
 
 
+def medians(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per cell: its first run's, with ``rollouts_per_s`` the median of every run's and ``runs`` them all."""
+    cells: dict[tuple[str, str, str, int], dict[str, Any]] = {}
+    for run in runs:
+        key = (run["system"], run["backend"], run["agent"], run["workers"])
+        cells.setdefault(key, run | {"runs": []})["runs"].append(run["rollouts_per_s"])
+    for row in cells.values():
+        row["rollouts_per_s"] = round(statistics.median(row["runs"]), 2)
+    return list(cells.values())
+
+
 def with_ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each of our rows with ``x_agl``: its rollouts/s over Agent Lightning's for the same agent and workers."""
     agl = {(r["agent"], r["workers"]): r["rollouts_per_s"] for r in results if r["system"] == "agl"}
@@ -191,7 +208,8 @@ def render_table(results: Sequence[dict[str, Any]], args: argparse.Namespace) ->
     """One row per agent and worker count: each system's rollouts/s, then ours over Agent Lightning's."""
     ours = sorted({r["backend"] for r in results if r["system"] == "ours"}, key=["sqlite", "postgres"].index)
     has_agl = any(r["system"] == "agl" for r in results)
-    table = Table(title=f"Runner throughput: rollouts/s ({args.rollouts} rollouts per cell)")
+    repeated = f", median of {args.repeat} runs (range)" if args.repeat > 1 else ""
+    table = Table(title=f"Runner throughput: rollouts/s ({args.rollouts} rollouts per cell{repeated})")
     for column in ("agent", "workers"):
         table.add_column(column)
     for backend in ours:
@@ -204,13 +222,20 @@ def render_table(results: Sequence[dict[str, Any]], args: argparse.Namespace) ->
     for agent in args.agents.split(","):
         for workers in worker_counts(args):
             rows = [cells.get(("ours", backend, agent, workers)) for backend in ours]
-            line = [agent, str(workers), *(f"{r['rollouts_per_s']:.1f}" if r else "-" for r in rows)]
+            line = [agent, str(workers), *(_rate(r, args.repeat) for r in rows)]
             if has_agl:
-                agl = cells.get(("agl", "memory", agent, workers))
-                line.append(f"{agl['rollouts_per_s']:.1f}" if agl else "-")
+                line.append(_rate(cells.get(("agl", "memory", agent, workers)), args.repeat))
                 line += [f"{r['x_agl']:.2f}x" if r and "x_agl" in r else "-" for r in rows]
             table.add_row(*line)
     return table
+
+
+def _rate(row: dict[str, Any] | None, repeat: int) -> str:
+    if row is None:
+        return "-"
+    if repeat == 1:
+        return f"{row['rollouts_per_s']:.1f}"
+    return f"{row['rollouts_per_s']:.1f} ({min(row['runs']):.0f}–{max(row['runs']):.0f})"
 
 
 def worker_counts(args: argparse.Namespace) -> list[int]:
@@ -237,8 +262,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--agl-llm", choices=("proxy", "direct"), default="proxy", help="agl six_calls: via LLMProxy")
     parser.add_argument("--agl-poll-interval", type=float, default=0.1, help="agl runners' empty-queue poll [s]")
     parser.add_argument("--agl-tracer", choices=("agentops", "otel"), default="agentops", help="agl runners' tracer")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of every cell, reported as medians [1]")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if not systems or set(systems) - set(SYSTEMS):
         parser.error(f"systems are {', '.join(SYSTEMS)}, not {args.systems!r}")
@@ -249,11 +277,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         with echo_upstream(directory) as upstream:
-            if "ours" in systems:
-                results += run_ours(args, upstream, directory)
-            if agl_python is not None:
-                results += run_agl(args, agl_python, upstream, directory)
-    results = with_ratios(results)
+            for _ in range(args.repeat):
+                if "ours" in systems:
+                    results += run_ours(args, upstream, directory)
+                if agl_python is not None:
+                    results += run_agl(args, agl_python, upstream, directory)
+    results = with_ratios(medians(results))
     if args.json:
         print(json.dumps(results, indent=2))
         return

@@ -9,7 +9,9 @@ counted as rejected in the OTLP partial-success answer; the others are stored in
 from __future__ import annotations
 
 import base64
+import math
 import zlib
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -20,9 +22,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from lightning_store.errors import InvalidRequestError
-from lightning_store.limits import MAX_SEQUENCE_ID, check_json
+from lightning_store.limits import MAX_DEPTH, MAX_SEQUENCE_ID, check_json
 from lightning_store.server.json_body import decode
 from lightning_store.server.routes_rollouts import Store
 
@@ -30,6 +33,20 @@ router = APIRouter()
 
 ID_PREFIXES = ("agentlightning.", "lightning_store.")
 STATUS_CODES = {0: "UNSET", 1: "OK", 2: "ERROR"}
+
+# The nesting level at which each attributes object sits in a stored span (the span itself is level 1), for the
+# depth limit: ``span.attributes``, ``span.resource.attributes``, ``span.events.N.attributes`` (and links').
+ATTRIBUTES_DEPTH = 2
+RESOURCE_DEPTH = 3
+NESTED_ATTRIBUTES_DEPTH = 4
+_NUL = "\x00"
+_ID_KEYS = {
+    name: tuple(prefix + name for prefix in ID_PREFIXES) for name in ("rollout_id", "attempt_id", "span_sequence_id")
+}
+
+
+class _Suspect(Exception):
+    """A value that may break the store's limits: its span is converted again and judged by ``check_json``."""
 
 
 @router.post("/v1/traces")
@@ -109,81 +126,100 @@ def _spans(export: ExportTraceServiceRequest) -> tuple[list[dict[str, Any]], int
     rejected = 0
     problem = ""
     for resource_spans in export.resource_spans:
-        resource = _attributes(resource_spans.resource.attributes)
+        schema_url = resource_spans.schema_url
+        try:
+            resource = _attributes(resource_spans.resource.attributes, RESOURCE_DEPTH)
+            resource_checked = _NUL not in schema_url
+        except _Suspect:
+            resource = _attributes(resource_spans.resource.attributes, None)
+            resource_checked = False
         for scope_spans in resource_spans.scope_spans:
             for proto in scope_spans.spans:
-                attributes = _attributes(proto.attributes)
-                rollout_id = _lookup("rollout_id", attributes, resource)
-                attempt_id = _lookup("attempt_id", attributes, resource)
-                if rollout_id is None or attempt_id is None:
+                try:
+                    if not resource_checked:
+                        raise _Suspect
+                    span = _span(proto, resource, schema_url, checked=True)
+                except _Suspect:  # the store's own check decides, and names the problem
+                    span = _span(proto, resource, schema_url, checked=False)
+                    try:
+                        check_json(span, "span")
+                    except InvalidRequestError as exc:
+                        rejected += 1
+                        problem = f"a span was dropped: {exc}"
+                        continue
+                if span is None:
                     rejected += 1
                     problem = "spans without agentlightning.rollout_id/attempt_id were dropped"
                     continue
-                context = {
-                    "trace_id": proto.trace_id.hex(),
-                    "span_id": proto.span_id.hex(),
-                    "is_remote": False,
-                    "trace_state": {},
-                }
-                spans.append(
-                    {
-                        "rollout_id": str(rollout_id),
-                        "attempt_id": str(attempt_id),
-                        "sequence_id": _sequence_id(_lookup("span_sequence_id", attributes, resource)),
-                        "trace_id": proto.trace_id.hex(),
-                        "span_id": proto.span_id.hex(),
-                        "parent_id": proto.parent_span_id.hex() or None,
-                        "name": proto.name,
-                        "status": {
-                            "status_code": STATUS_CODES.get(proto.status.code, "UNSET"),
-                            "description": proto.status.message or None,
-                        },
-                        "attributes": attributes,
-                        "events": [
-                            {
-                                "name": e.name,
-                                "attributes": _attributes(e.attributes),
-                                "timestamp": e.time_unix_nano / 1e9 or None,
-                            }
-                            for e in proto.events
-                        ],
-                        "links": [
-                            {
-                                "context": {
-                                    "trace_id": link.trace_id.hex(),
-                                    "span_id": link.span_id.hex(),
-                                    "is_remote": True,
-                                    "trace_state": {},
-                                },
-                                "attributes": _attributes(link.attributes) or None,
-                            }
-                            for link in proto.links
-                        ],
-                        "start_time": proto.start_time_unix_nano / 1e9 or None,
-                        "end_time": proto.end_time_unix_nano / 1e9 or None,
-                        "context": context,
-                        "parent": None,
-                        "resource": {"attributes": resource, "schema_url": resource_spans.schema_url},
-                    }
-                )
-                try:
-                    check_json(spans[-1], "span")
-                except InvalidRequestError as exc:
-                    spans.pop()
-                    rejected += 1
-                    problem = f"a span was dropped: {exc}"
+                spans.append(span)
     return spans, rejected, problem
 
 
+def _span(proto: Span, resource: dict[str, Any], schema_url: str, *, checked: bool) -> dict[str, Any] | None:
+    """``proto`` in the store's shape, or None without rollout and attempt ids; ``checked`` raises
+    :class:`_Suspect` at a value of its attributes, events and links that may break the store's limits."""
+    attributes = _attributes(proto.attributes, ATTRIBUTES_DEPTH if checked else None)
+    rollout_id = _lookup("rollout_id", attributes, resource)
+    attempt_id = _lookup("attempt_id", attributes, resource)
+    if rollout_id is None or attempt_id is None:
+        return None
+    name = proto.name
+    description = proto.status.message
+    if checked and (_NUL in name or _NUL in description):
+        raise _Suspect
+    trace_id = proto.trace_id.hex()
+    span_id = proto.span_id.hex()
+    return {
+        "rollout_id": str(rollout_id),
+        "attempt_id": str(attempt_id),
+        "sequence_id": _sequence_id(_lookup("span_sequence_id", attributes, resource)),
+        "trace_id": trace_id,
+        "span_id": span_id,
+        "parent_id": proto.parent_span_id.hex() or None,
+        "name": name,
+        "status": {
+            "status_code": STATUS_CODES.get(proto.status.code, "UNSET"),
+            "description": description or None,
+        },
+        "attributes": attributes,
+        "events": [_event(event, checked) for event in proto.events] if proto.events else [],
+        "links": [_link(link, checked) for link in proto.links] if proto.links else [],
+        "start_time": proto.start_time_unix_nano / 1e9 or None,
+        "end_time": proto.end_time_unix_nano / 1e9 or None,
+        "context": {"trace_id": trace_id, "span_id": span_id, "is_remote": False, "trace_state": {}},
+        "parent": None,
+        "resource": {"attributes": resource, "schema_url": schema_url},
+    }
+
+
+def _event(event: Span.Event, checked: bool) -> dict[str, Any]:
+    if checked and _NUL in event.name:
+        raise _Suspect
+    return {
+        "name": event.name,
+        "attributes": _attributes(event.attributes, NESTED_ATTRIBUTES_DEPTH if checked else None),
+        "timestamp": event.time_unix_nano / 1e9 or None,
+    }
+
+
+def _link(link: Span.Link, checked: bool) -> dict[str, Any]:
+    context = {"trace_id": link.trace_id.hex(), "span_id": link.span_id.hex(), "is_remote": True, "trace_state": {}}
+    attributes = _attributes(link.attributes, NESTED_ATTRIBUTES_DEPTH if checked else None)
+    return {"context": context, "attributes": attributes or None}
+
+
 def _lookup(name: str, attributes: dict[str, Any], resource: dict[str, Any]) -> Any:
+    keys = _ID_KEYS[name]
     for source in (attributes, resource):
-        for prefix in ID_PREFIXES:
-            if prefix + name in source:
-                return source[prefix + name]
+        for key in keys:
+            if key in source:
+                return source[key]
     return None
 
 
 def _sequence_id(value: Any) -> int | None:
+    if value is None:  # the usual case, without the cost of int("None")'s exception
+        return None
     try:
         number = int(str(value))
     except ValueError:
@@ -191,18 +227,51 @@ def _sequence_id(value: Any) -> int | None:
     return number if 0 <= number <= MAX_SEQUENCE_ID else None
 
 
-def _attributes(items: Any) -> dict[str, Any]:
-    return {item.key: _value(item.value) for item in items if isinstance(item, KeyValue)}
+def _attributes(items: Iterable[KeyValue], depth: int | None) -> dict[str, Any]:
+    """OTLP attributes as a JSON object. With the ``depth`` the object will sit at in a span (see
+    :func:`~lightning_store.limits.check_json`), raises :class:`_Suspect` at a key or value that may break the
+    store's limits: a NUL (protobuf's strings are valid UTF-8, so no lone surrogate gets this far), a double
+    that is not finite, nesting deeper than :data:`~lightning_store.limits.MAX_DEPTH`. None checks nothing."""
+    if depth is None:
+        return {item.key: _value(item.value, None) for item in items}
+    if depth > MAX_DEPTH:
+        raise _Suspect
+    found: dict[str, Any] = {}
+    text: list[str] = []
+    for item in items:
+        key = item.key
+        value = item.value
+        if value.WhichOneof("value") == "string_value":  # most attributes: no call of _value
+            found[key] = string = value.string_value
+            text.append(string)
+        else:
+            found[key] = _value(value, depth + 1)
+        text.append(key)
+    if _NUL in "".join(text):
+        raise _Suspect
+    return found
 
 
-def _value(value: AnyValue) -> Any:
+def _value(value: AnyValue, depth: int | None) -> Any:
     kind = value.WhichOneof("value")
+    if kind == "string_value":
+        text = value.string_value
+        if depth is not None and _NUL in text:
+            raise _Suspect
+        return text
     if kind is None:
         return None
+    if kind == "double_value":
+        number = value.double_value
+        if depth is not None and not math.isfinite(number):
+            raise _Suspect
+        return number
     if kind == "array_value":
-        return [_value(v) for v in value.array_value.values]
+        if depth is not None and depth > MAX_DEPTH:
+            raise _Suspect
+        return [_value(item, None if depth is None else depth + 1) for item in value.array_value.values]
     if kind == "kvlist_value":
-        return _attributes(value.kvlist_value.values)
+        return _attributes(value.kvlist_value.values, depth)
     if kind == "bytes_value":
         return value.bytes_value.hex()
-    return getattr(value, kind)
+    return getattr(value, kind)  # a bool, or an int64 (within the store's 64-bit limit)

@@ -8,14 +8,17 @@ import ipaddress
 import logging
 import logging.config
 import os
+import sys
 from typing import Any
 
 import uvicorn
-from uvicorn.config import LOGGING_CONFIG
+from uvicorn.config import LOGGING_CONFIG, STARTUP_FAILURE
+from uvicorn.supervisors import Multiprocess
 
 from lightning_store import aio
 from lightning_store.errors import InvalidRequestError
 from lightning_store.migrate import prepare_database
+from lightning_store.server.listeners import ReusePortListener, supports_reuse_port
 from lightning_store.settings import ServerSettings, load_server_settings
 from lightning_store.sql.engine import is_sqlite, normalize_url, shown_url
 
@@ -85,7 +88,7 @@ def serve(settings: ServerSettings, *, log_level: str = "info") -> None:
     # the modules the ``store`` command's plugins import (torch among them) took over a second of garbage
     # collection after the workers had stopped.
     aio.freeze_startup_heap()
-    uvicorn.run(
+    config = uvicorn.Config(
         "lightning_store.server.run:app_from_environment",
         factory=True,
         host=settings.host,
@@ -96,6 +99,19 @@ def serve(settings: ServerSettings, *, log_level: str = "info") -> None:
         access_log=access_log,
         timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
     )
+    # uvicorn.run(workers=N) without its shared socket: each worker listens on its own (server/listeners.py).
+    if not supports_reuse_port():
+        Multiprocess(config, sockets=[config.bind_socket()]).run()
+        return
+    try:
+        listener = ReusePortListener(settings.host, settings.port)
+    except OSError as exc:
+        logger.error("cannot listen on %s:%d: %s", settings.host, settings.port, exc)
+        sys.exit(STARTUP_FAILURE)
+    try:
+        Multiprocess(config, sockets=[listener]).run()  # type: ignore[list-item]  # a socket in each worker
+    finally:
+        listener.close()
 
 
 def app_from_environment() -> Any:
