@@ -36,7 +36,7 @@ class StoreSettings(BaseSettings):
         default=1.0, gt=0, description="Safety re-check interval of waits on Postgres (NOTIFY wakes them first)."
     )
     pool_size: int = Field(
-        default=10, ge=1, description="Database connections kept per process (SQLite: also the most open at once)."
+        default=10, ge=1, description="The most database connections a process opens, kept open once opened."
     )
 
 
