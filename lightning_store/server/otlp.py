@@ -4,6 +4,10 @@ Each span is bound to a rollout attempt by the attributes ``agentlightning.rollo
 ``agentlightning.attempt_id`` (or ``lightning_store.…``), looked up on the span first and then on its resource;
 ``…span_sequence_id`` is optional and allocated from the rollout's counter when absent. Spans without ids are
 counted as rejected in the OTLP partial-success answer; the others are stored in one batch.
+
+A span that breaks the store's limits (``lightning_store.limits``) is rejected alone, the same way. The limits
+are checked while a span is converted rather than by walking the result again (half of the conversion's cost):
+only a span in which the conversion saw a value that may break one goes through ``check_json``, which decides.
 """
 
 from __future__ import annotations

@@ -29,6 +29,11 @@ SHUTDOWN_GRACE_SECONDS = 1
 they answer at once when the server stops (:mod:`lightning_store.server.shutdown`); this bounds the rest (an LLM
 call the proxy is waiting on, say), whose clients see the connection close."""
 
+KEEP_ALIVE_SECONDS = 75
+"""How long an idle client connection stays open. Longer than any client keeps one idle (httpx 5 s, aiohttp 15 s,
+``HttpStore`` through aiohttp): the client then always closes first. With uvicorn's 5 s, a request sent as the
+server closed the connection failed with a reset; 1,000 simulated runners, 30 s between their calls, saw 22."""
+
 
 def is_loopback(host: str) -> bool:
     if host == "localhost":
@@ -74,6 +79,7 @@ def serve(settings: ServerSettings, *, log_level: str = "info") -> None:
             log_config=log_config(log_level),
             access_log=access_log,
             timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
+            timeout_keep_alive=KEEP_ALIVE_SECONDS,
         )
         return
     # Workers are separate processes: they read their settings from the environment we pass down.
@@ -98,6 +104,7 @@ def serve(settings: ServerSettings, *, log_level: str = "info") -> None:
         log_config=log_config(log_level),
         access_log=access_log,
         timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
     )
     # uvicorn.run(workers=N) without its shared socket: each worker listens on its own (server/listeners.py).
     if not supports_reuse_port():
