@@ -63,24 +63,23 @@ def serve(settings: ServerSettings, *, log_level: str = "info") -> None:
     logging.config.dictConfig(log_config(log_level))  # the lines of the migration and of a refusal, formatted alike
     # Migrate, or refuse a database that cannot be reached or is not migrated, before any process starts.
     settings = asyncio.run(prepare_database(settings))
-    access_log = log_level.lower() in ("debug", "trace")
     processes = f"{settings.workers} processes" if settings.workers > 1 else "1 process"
     shown = shown_url(settings.database_url)
     logger.info("store on %s, serving http://%s:%d (%s)", shown, settings.host, settings.port, processes)
+    options: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "log_level": log_level,
+        "log_config": log_config(log_level),
+        "access_log": log_level.lower() in ("debug", "trace"),
+        "timeout_graceful_shutdown": SHUTDOWN_GRACE_SECONDS,
+        "timeout_keep_alive": KEEP_ALIVE_SECONDS,
+    }
     if settings.workers == 1:
         from lightning_store.server.app import create_app
 
         app = create_app(settings, freeze_heap=True)
-        uvicorn.run(
-            app,
-            host=settings.host,
-            port=settings.port,
-            log_level=log_level,
-            log_config=log_config(log_level),
-            access_log=access_log,
-            timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
-            timeout_keep_alive=KEEP_ALIVE_SECONDS,
-        )
+        uvicorn.run(app, **options)
         return
     # Workers are separate processes: they read their settings from the environment we pass down.
     for name, value in settings.model_dump(exclude={"workers"}).items():
@@ -95,16 +94,7 @@ def serve(settings: ServerSettings, *, log_level: str = "info") -> None:
     # collection after the workers had stopped.
     aio.freeze_startup_heap()
     config = uvicorn.Config(
-        "lightning_store.server.run:app_from_environment",
-        factory=True,
-        host=settings.host,
-        port=settings.port,
-        workers=settings.workers,
-        log_level=log_level,
-        log_config=log_config(log_level),
-        access_log=access_log,
-        timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
-        timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        "lightning_store.server.run:app_from_environment", factory=True, workers=settings.workers, **options
     )
     # uvicorn.run(workers=N) without its shared socket: each worker listens on its own (server/listeners.py).
     if not supports_reuse_port():

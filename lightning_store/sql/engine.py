@@ -68,14 +68,15 @@ def make_engine(url: str | URL, *, pool_size: int = 10, inline: bool = False, bu
     none, its statements run on the event loop's thread, and move to their connection's thread when they meet a
     lock or run past ``budget`` steps."""
     parsed = normalize_url(url)
+    # No overflow on either backend: SQLAlchemy closes an overflow connection when it is returned, so every burst
+    # of more than pool_size requests would open and close connections: Postgres backends started and ended (at
+    # 16 runner workers a fifth of the rollouts/s), or on SQLite a thread and four PRAGMAs per request. Waiting
+    # for a pooled connection is cheaper.
+    pool: dict[str, Any] = {"pool_size": pool_size, "max_overflow": 0}
     if not is_sqlite(parsed):
-        # No overflow: an overflow connection is closed when it is returned, so every burst of more than
-        # pool_size requests started and ended Postgres backends; at 16 runner workers that cost a fifth of the
-        # rollouts/s. Waiting for a pooled connection is cheaper.
         return create_async_engine(
             parsed,
-            pool_size=pool_size,
-            max_overflow=0,
+            **pool,
             json_serializer=postgres_json,
             connect_args={"timeout": CONNECT_TIMEOUT},
         )
@@ -83,10 +84,7 @@ def make_engine(url: str | URL, *, pool_size: int = 10, inline: bool = False, bu
     if is_memory_sqlite(parsed):
         kwargs["poolclass"] = StaticPool
     else:
-        # No overflow: an overflow connection is opened and closed around a single use, and with aiosqlite that
-        # is a thread and four PRAGMAs per request once more than pool_size requests run at once. Waiting for a
-        # pooled connection is cheaper (and SQLite gains nothing from more concurrent readers on a few cores).
-        kwargs.update(pool_size=pool_size, max_overflow=0)
+        kwargs.update(pool)  # SQLite gains nothing from more concurrent readers on a few cores either
     # The same connection arguments SQLAlchemy would give aiosqlite, to connections with one-trip statements.
     inline = inline and sqlite_driver.ONE_TRIP
     args, connect_args = parsed.get_dialect()().create_connect_args(parsed)
