@@ -282,3 +282,58 @@ async def test_calls_answered_ahead_of_fastapi_keep_its_door_errors_and_metrics(
     ):
         assert f'method="POST",route="{route}",status="{status}"' in metrics, (route, status)
     assert 'route="unmatched"' not in metrics
+
+
+async def test_a_call_after_an_idle_pause_does_not_meet_a_connection_the_upstream_is_closing(
+    proxy: httpx.AsyncClient, sql_store: SqlStore
+) -> None:
+    """A uvicorn-based upstream (vLLM's server) closes a connection idle 5 s; a call sent on it as it closes gets
+    no answer, and a POST cannot be retried. The stand-in makes that race certain: it drops, unanswered, any
+    request that reaches a connection idle longer than 4.5 s. The proxy must have opened a new one by then."""
+    answer = json.dumps(
+        {
+            "id": "c",
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+        }
+    ).encode()
+    dropped: list[float] = []
+
+    async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        answered_at: float | None = None
+        loop = asyncio.get_running_loop()
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                length = next(
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                )
+                await reader.readexactly(length)
+                if answered_at is not None and loop.time() - answered_at > 4.5:
+                    dropped.append(loop.time() - answered_at)
+                    break  # closed as the request arrived
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(answer)
+                )
+                writer.write(answer)
+                await writer.drain()
+                answered_at = loop.time()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(connection, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        resources = await sql_store.add_resources({"policy": LLM(endpoint=f"http://127.0.0.1:{port}/v1", model="m")})
+        rollout = await sql_store.start_rollout(1, resources_id=resources.resources_id)
+        first = await proxy.post(bound(rollout), json={"messages": MESSAGES})
+        assert first.status_code == 200, first.text
+        await asyncio.sleep(4.8)
+        second = await proxy.post(bound(rollout), json={"messages": MESSAGES})
+        assert second.status_code == 200, second.text
+        assert dropped == []
+    finally:
+        server.close()
+        await server.wait_closed()
