@@ -109,6 +109,12 @@ class SqlBase:
         remaining = None if deadline is None else deadline - time.monotonic()
         if (remaining is not None and remaining <= 0) or waits.ended():
             return False
-        step = self.poll_interval if remaining is None else min(self.poll_interval, remaining)
+        # The re-check falls on the next multiple of the interval on the monotonic clock, the same instant for
+        # every waiter of this process: the re-checks of many idle waiters then coincide, and the claimers' share
+        # one read (ClaimOps._queue_has_work). Each on its own timer, 1,000 idle runners' long-polls made 1,000
+        # reads a second on Postgres (and twenty times that on SQLite), most of an idle server's CPU.
+        step = self.poll_interval - time.monotonic() % self.poll_interval
+        if remaining is not None:
+            step = min(step, remaining)
         await self.topics[topic].wait(step)
         return not waits.ended()

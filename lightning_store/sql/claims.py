@@ -87,9 +87,19 @@ class ClaimOps(AttemptOps, WorkerOps):
         return claimed
 
     async def _queue_has_work(self) -> bool:
+        return (await self._queue_checks_coalesced([None]))[0]
+
+    @functools.cached_property
+    def _queue_checks_coalesced(self) -> Coalescer[None, bool]:
+        """Waiting claimers' re-checks of the queue, concurrent ones answered by one read: they wake together
+        (on a wake-up, or at the same tick of the poll interval: ``_wait_for_change``)."""
+        return Coalescer(self._queue_has_work_for)
+
+    async def _queue_has_work_for(self, checks: list[None]) -> list[bool]:
         async with self._read(snapshot=False) as conn:
             found = await conn.execute(sa.select(rollouts.c.pk).where(sa.text(QUEUED)).limit(1))
-            return found.first() is not None
+            has_work = found.first() is not None
+        return [has_work] * len(checks)
 
     async def _claim(self, limit: int, worker_id: str | None, *, mark_idle: bool, with_resources: bool) -> list[Claim]:
         """Pop up to ``limit`` rollouts and create their attempts in one transaction, shared with concurrent
