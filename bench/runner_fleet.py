@@ -16,7 +16,13 @@ enqueues ``--rollouts`` rollouts, and waits for them all. It reports:
 * claim latency p50/p99 (claims that returned a rollout; a long-poll that waited for work is not counted);
 * proxy overhead p99: the p99 of chat calls through the proxy minus the p99 of the same call made straight to the
   upstream by a probe in each client process during the run (same machine, same load);
-* the server's and Postgres's CPU-seconds per rollout over the run (``/proc``, as ``bench/server_cpu.py``);
+* the server's and Postgres's CPU-seconds per rollout over the run (``/proc``, as ``bench/server_cpu.py``), and
+  over its steady part: while at least ``--runners`` rollouts are still to finish, every runner has work (the
+  queue is not empty), so no runner is idling; the driver samples the CPU counters and the number of finished
+  rollouts (a count in the database: the driver's sampling and waiting cost the server nothing) every second. The steady
+  figures are what the capacity model scales; they need ``--rollouts`` of at least twice ``--runners``;
+* the server's and Postgres's cores busy while at least 95% of the runners are idle (long-polling an empty
+  queue, as ``store run`` workers do, without their heartbeats);
 * integrity, checked in the database: every rollout succeeded with exactly one attempt, each with ``--calls``
   recorded LLM calls and its spans, and no rollout was claimed twice across all the runners.
 
@@ -53,8 +59,16 @@ from bench.server_ops import database, log, server_process
 from lightning_store.client import HttpStore
 from lightning_store.resources import LLM
 
-CLAIM_POLL = 1.0
-"""Seconds one claim long-polls before the runner asks again (and checks whether the run is over)."""
+CLAIM_POLL = 5.0
+"""Seconds one claim long-polls before the runner asks again (and checks whether the run is over): a ``store
+run`` worker's default (``poll_timeout``). Idle runners' polls are part of a fleet's cost; a shorter poll than
+real runners use made them most of the server's CPU once the queue was empty."""
+
+STEADY_FROM = 0.1
+"""The steady part of a run starts when this share of the rollouts has finished (the fleet has ramped up)."""
+
+IDLE_SHARE_LEFT = 0.05
+"""The idle part of a run: at most this share of the runners still has a rollout."""
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -244,17 +258,57 @@ async def _enqueue(url: str, upstream: str, rollouts: int) -> list[str]:
         await store.close()
 
 
-async def _wait(url: str, ids: list[str], deadline: float) -> None:
-    store = HttpStore(url)
+class Samples:
+    """(time, finished rollouts, server CPU-s, Postgres CPU-s) every second, read from ``/proc`` and the database."""
+
+    def __init__(self, database_url: str, server_pgid: int) -> None:
+        self.engine = create_async_engine(database_url, pool_size=1)
+        self.server_pgid = server_pgid
+        self.rows: list[tuple[float, int, float, float]] = []
+
+    async def take(self) -> None:
+        async with self.engine.connect() as conn:
+            finished = await conn.scalar(
+                sa.text("SELECT count(*) FROM rollouts WHERE status IN ('succeeded', 'failed', 'cancelled')")
+            )
+        self.rows.append((time.monotonic(), int(finished or 0), group_cpu(self.server_pgid), postgres_cpu()))
+
+    def steady(self, rollouts: int, runners: int) -> dict[str, float | None]:
+        """Rate and CPU per rollout between the first and last samples of the steady part (see the module's
+        docstring); None where the run had no steady part of two samples."""
+        inside = [row for row in self.rows if STEADY_FROM * rollouts <= row[1] <= rollouts - runners]
+        if len(inside) < 2 or inside[-1][1] == inside[0][1]:
+            return {"steady_rollouts_per_s": None, "steady_server_cpu_ms": None, "steady_postgres_cpu_ms": None}
+        (t0, n0, s0, p0), (t1, n1, s1, p1) = inside[0], inside[-1]
+        return {
+            "steady_rollouts_per_s": (n1 - n0) / (t1 - t0),
+            "steady_server_cpu_ms": (s1 - s0) / (n1 - n0) * 1000,
+            "steady_postgres_cpu_ms": (p1 - p0) / (n1 - n0) * 1000,
+        }
+
+    def idle(self, rollouts: int, runners: int) -> dict[str, float | None]:
+        """The server's and Postgres's CPU share (cores) while at least 95% of the runners had no work: the last
+        rollouts finishing while the others long-poll the empty queue. None without two such samples."""
+        inside = [row for row in self.rows if row[1] >= rollouts - runners * IDLE_SHARE_LEFT]
+        if len(inside) < 2:
+            return {"idle_server_cores": None, "idle_postgres_cores": None}
+        (t0, _, s0, p0), (t1, _, s1, p1) = inside[0], inside[-1]
+        return {"idle_server_cores": (s1 - s0) / (t1 - t0), "idle_postgres_cores": (p1 - p0) / (t1 - t0)}
+
+
+async def _wait(samples: Samples, rollouts: int, deadline: float) -> None:
+    """Take ``samples`` every second until every rollout has finished: the count comes from the database, so
+    the driver's waiting costs the server nothing (a long-poll on thousands of rollouts would be part of the
+    server CPU measured)."""
     try:
-        pending = set(ids)
-        while pending and time.monotonic() < deadline:
-            done = await store.wait_for_rollouts(rollout_ids=sorted(pending), timeout=10)
-            pending -= {r.rollout_id for r in done}
-        if pending:
-            raise RuntimeError(f"{len(pending)} rollouts did not finish in time")
+        while time.monotonic() < deadline:
+            await samples.take()
+            if samples.rows[-1][1] >= rollouts:
+                return
+            await asyncio.sleep(1.0)
+        raise RuntimeError(f"{rollouts - samples.rows[-1][1]} rollouts did not finish in time")
     finally:
-        await store.close()
+        await samples.engine.dispose()
 
 
 def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
@@ -273,12 +327,13 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
             context.Process(target=_client, args=(url, upstream, args, i, share, stop, out))
             for i, share in enumerate(shares)
         ]
+        samples = Samples(database_url, process.pid)
         server0, pg0 = group_cpu(process.pid), postgres_cpu()
         for client in clients:
             client.start()
         log(f"{args.runners} runners in {args.processes} processes, {args.rollouts} rollouts")
         try:
-            asyncio.run(_wait(url, ids, time.monotonic() + args.timeout))
+            asyncio.run(_wait(samples, args.rollouts, time.monotonic() + args.timeout))
         finally:
             server1, pg1 = group_cpu(process.pid), postgres_cpu()
             stop.set()
@@ -308,6 +363,8 @@ def run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
         "proxy_overhead_p99_ms": (_percentile(proxied, 0.99) - _percentile(direct, 0.99)) * 1000,
         "server_cpu_ms_per_rollout": (server1 - server0) / args.rollouts * 1000,
         "postgres_cpu_ms_per_rollout": (pg1 - pg0) / args.rollouts * 1000,
+        **samples.steady(args.rollouts, args.runners),
+        **samples.idle(args.rollouts, args.runners),
         "claimed_twice": len(claimed) - len(set(claimed)),
         "client_errors": sum(r["error_count"] for r in results),
         "error_samples": [e for r in results for e in r["errors"]][:5],
