@@ -1,7 +1,7 @@
 """Many claimers long-polling an empty queue cost the store a few reads a second, not one per claimer.
 
 A waiting claim re-checks the queue when woken and at the poll interval (a safety net for a lost wake-up). On
-its own timer each, 1,000 idle runners made 1,000 reads a second on Postgres, most of an idle server's CPU
+its own timer each, 1,000 idle runners made 1,000 reads a second on Postgres, a fifth of an idle server's CPU
 (docs/benchmarks.md, tenth round); the re-checks now fall on the same ticks and share one read.
 """
 
