@@ -5,14 +5,16 @@ applied in ``(rollout_id, position)`` order: an entry whose attempt is no longer
 already, possibly by an earlier entry of the same batch) is skipped with ``None``, and the rollout of an applied
 one follows its retry policy. Applying them one by one took about six statements per entry inside the write
 transaction; on SQLite every statement is a trip to the database thread while the single write lock is held.
-Here the rollouts are locked and their attempts read in one statement, the outcome is decided in Python, and the
-writes go out as one ``executemany`` per shape of change: about four statements for any number of entries.
+Here the rollouts are locked and their attempts read in one statement, the outcome is decided in Python
+(:func:`decide_ends`), and the writes go out as one ``executemany`` per shape of change (:func:`write_ends`):
+about four statements for any number of entries; on Postgres one (:mod:`~lightning_store.sql.postgres_end`).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -66,18 +68,31 @@ def _lock_statement(dialect: str) -> sa.Select[Any]:
     )
 
 
-async def apply_ends(
+@dataclass(frozen=True)
+class EndWrites:
+    """What applying a batch of ends writes: the ended attempts (their new status, end time and metadata; each
+    one's worker follows it) and each rollout's changed columns (``status``, ``end_time``, ``enqueue_time``,
+    ``last_span_seq``)."""
+
+    attempts: list[Attempt]
+    rollouts: dict[str, dict[str, Any]]
+    now: float
+
+
+async def decide_ends(
     conn: AsyncConnection,
     wakeups: Wakeups,
     dialect: str,
     ends: Sequence[AttemptEnd],
     carried: Sequence[Span],
     now: float,
-) -> tuple[list[Attempt | None], list[Span]]:
-    """Apply ``ends`` in the caller's write transaction: the ended attempts, ``None`` where one was not current,
-    and ``carried`` (spans of the ends' rollouts) numbered from their rollouts' span counters, which are advanced
-    past them; the caller stores those spans. Raises :class:`NotFoundError` naming ``ends.N.rollout_id`` /
-    ``ends.N.attempt_id`` before writing anything."""
+) -> tuple[list[Attempt | None], list[Span], EndWrites]:
+    """Lock and read what ``ends`` need, in the caller's write transaction, and decide: the ended attempts,
+    ``None`` where one was not current; ``carried`` (spans of the ends' rollouts) numbered from their rollouts'
+    span counters; and the writes that apply them (:func:`write_ends`, or one statement on Postgres:
+    :mod:`~lightning_store.sql.postgres_end`), which advance the counters past those spans. The caller stores the
+    spans. Raises :class:`NotFoundError` naming ``ends.N.rollout_id`` / ``ends.N.attempt_id`` before writing
+    anything."""
     rollout_ids = sorted({end.rollout_id for end in ends})
     ids = {
         "rollout_ids": among_value(dialect, rollout_ids),
@@ -122,10 +137,14 @@ async def apply_ends(
     for span in spans_:  # numbered in order: the last span of a rollout has its highest number
         changes.setdefault(span.rollout_id, {})["last_span_seq"] = span.sequence_id
     applied = [attempt for attempt in results if attempt is not None]
-    await _write_attempts(conn, applied)
-    await update_rollouts(conn, changes)
-    await sync_workers(conn, dialect, applied, now)
-    return results, spans_
+    return results, spans_, EndWrites(attempts=applied, rollouts=changes, now=now)
+
+
+async def write_ends(conn: AsyncConnection, dialect: str, writes: EndWrites) -> None:
+    """Apply ``writes`` statement by statement: one ``executemany`` per shape of change."""
+    await _write_attempts(conn, writes.attempts)
+    await update_rollouts(conn, writes.rollouts)
+    await sync_workers(conn, dialect, writes.attempts, writes.now)
 
 
 async def _write_attempts(conn: AsyncConnection, applied: list[Attempt]) -> None:

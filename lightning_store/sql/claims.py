@@ -3,17 +3,19 @@ concurrent claims (:mod:`~lightning_store.sql.coalesce`)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from lightning_store.limits import MAX_INT
-from lightning_store.models import AttemptedRollout, Claim
+from lightning_store.models import Attempt, AttemptedRollout, Claim
 from lightning_store.resources import ResourcesUpdate
-from lightning_store.sql import transitions
+from lightning_store.sql import postgres_claim, transitions
 from lightning_store.sql.attempts import AttemptOps
 from lightning_store.sql.coalesce import Coalescer
 from lightning_store.sql.resources import resources_for_ids
@@ -115,34 +117,52 @@ class ClaimOps(AttemptOps, WorkerOps):
         return Coalescer(self._claim_many)
 
     async def _claim_many(self, calls: list[ClaimCall]) -> list[list[Claim]]:
-        """The claims of ``calls`` in one transaction: the oldest queued rollouts, first come first served (the
-        first call takes the first ``limit`` of them, and so on)."""
+        """The claims of ``calls`` together: the oldest queued rollouts, first come first served (the first call
+        takes the first ``limit`` of them, and so on). On Postgres one statement in autocommit
+        (:mod:`~lightning_store.sql.postgres_claim`), else one transaction."""
         now = time.time()
-        async with self._write() as (conn, _):
-            wanted = min(sum(call.limit for call in calls), MAX_INT)
-            claimed_rows = (await conn.execute(_claim_statement(self.dialect), {"limit": wanted})).mappings().all()
-            rows = sorted(claimed_rows, key=lambda r: (r["enqueue_time"], r["pk"]))
-            shares: list[list[sa.RowMapping]] = []
-            for call in calls:
-                shares.append(rows[: call.limit])
-                rows = rows[call.limit :]
-            for call, share in zip(calls, shares, strict=True):
-                if not share and call.worker_id and call.mark_idle:
-                    await self._mark_worker_idle(conn, call.worker_id, now)
-            owners = [call.worker_id for call, share in zip(calls, shares, strict=True) for _ in share]
-            taken = [row for share in shares for row in share]
-            if not taken:
-                return [[] for _ in calls]
-            attempts_ = await transitions.create_attempts(conn, [row["rollout_id"] for row in taken], owners, now)
-            claimed = [attempted_from_row(row, attempt) for row, attempt in zip(taken, attempts_, strict=True)]
-            await transitions.sync_workers(conn, self.dialect, [one.attempt for one in claimed], now, dequeued=True)
-            found: dict[str | None, ResourcesUpdate | None] = {}
-            if any(call.with_resources for call in calls):
-                found = await resources_for_ids(conn, self.dialect, [r.resources_id for r in claimed])
+        wanted = min(sum(call.limit for call in calls), MAX_INT)
+        with_resources = any(call.with_resources for call in calls)
+        taken: list[tuple[sa.RowMapping, Attempt]] | None = None
+        found: dict[str | None, ResourcesUpdate | None] = {}
+        if self.dialect == "postgresql":
+            async with self._autocommit() as conn:
+                with contextlib.suppress(sa.exc.IntegrityError):  # the race in postgres_claim's docstring
+                    taken = await postgres_claim.claim(conn, calls, wanted, now)
+                if taken and with_resources:
+                    found = await resources_for_ids(conn, self.dialect, [row["resources_id"] for row, _ in taken])
+        if taken is None:
+            async with self._write() as (conn, _):
+                taken = await self._claim_in_transaction(conn, calls, wanted, now)
+                if taken and with_resources:
+                    found = await resources_for_ids(conn, self.dialect, [row["resources_id"] for row, _ in taken])
         answers: list[list[Claim]] = []
-        start = 0
-        for call, share in zip(calls, shares, strict=True):
-            mine, start = claimed[start : start + len(share)], start + len(share)
+        for call in calls:
+            mine, taken = taken[: call.limit], taken[call.limit :]
             resources = found if call.with_resources else {}
-            answers.append([Claim(rollout=one, resources=resources.get(one.resources_id)) for one in mine])
+            answers.append(
+                [
+                    Claim(rollout=attempted_from_row(row, attempt), resources=resources.get(row["resources_id"]))
+                    for row, attempt in mine
+                ]
+            )
         return answers
+
+    async def _claim_in_transaction(
+        self, conn: AsyncConnection, calls: list[ClaimCall], wanted: int, now: float
+    ) -> list[tuple[sa.RowMapping, Attempt]]:
+        """The claim statement by statement, in the caller's write transaction: the claimed rows in queue order,
+        each with its new attempt."""
+        claimed_rows = (await conn.execute(_claim_statement(self.dialect), {"limit": wanted})).mappings().all()
+        rows = sorted(claimed_rows, key=lambda r: (r["enqueue_time"], r["pk"]))
+        owners: list[str | None] = []
+        for call in calls:
+            share = len(rows[len(owners) : len(owners) + call.limit])
+            if not share and call.worker_id and call.mark_idle:
+                await self._mark_worker_idle(conn, call.worker_id, now)
+            owners += [call.worker_id] * share
+        if not rows:
+            return []
+        attempts_ = await transitions.create_attempts(conn, [row["rollout_id"] for row in rows], owners, now)
+        await transitions.sync_workers(conn, self.dialect, attempts_, now, dequeued=True)
+        return list(zip(rows, attempts_, strict=True))

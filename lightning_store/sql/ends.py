@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from lightning_store.errors import InvalidRequestError
 from lightning_store.models import Attempt, AttemptEnd
 from lightning_store.spans import Span
-from lightning_store.sql import validate
-from lightning_store.sql.attempt_ends import apply_ends
-from lightning_store.sql.spans import SpanOps
+from lightning_store.sql import postgres_end, validate
+from lightning_store.sql.attempt_ends import decide_ends, write_ends
+from lightning_store.sql.spans import SpanOps, spans_json
 
 MAX_ENDS = 1000
 """The most attempt ends one ``end_attempts`` call takes."""
@@ -38,9 +38,15 @@ class EndOps(SpanOps):
             return []
         carried = _carried_spans(checked)
         async with self._write() as (conn, wakeups):
-            ended, spans_ = await apply_ends(conn, wakeups, self.dialect, checked, carried, time.time())
-            if spans_:
-                await self._insert(conn, spans_)
+            ended, spans_, writes = await decide_ends(conn, wakeups, self.dialect, checked, carried, time.time())
+            if self.is_sqlite:
+                await write_ends(conn, self.dialect, writes)
+                if spans_:
+                    await self._insert(conn, spans_)
+            else:  # the writes, the spans and the wake-ups in one statement
+                topics = sorted(wakeups.topics)
+                await postgres_end.write(conn, writes, spans_json(spans_, self.dialect), topics)
+                wakeups.notified.update(topics)
         return ended
 
 

@@ -137,6 +137,12 @@ def numbered(batch: Sequence[Span], counters: dict[str, int]) -> list[Span]:
     return spans_
 
 
+def spans_json(batch: list[Span], dialect: str) -> str:
+    """``batch`` as the one JSON array its insert statement takes (serialized by pydantic's Rust core)."""
+    doc = _span_list.dump_json(batch).decode()
+    return doc if dialect == "sqlite" else jsonb_text(doc)
+
+
 class SpanOps(AttemptOps):
     async def add_span(self, span: Span) -> Span | None:
         added = await self.add_many_spans([span])
@@ -195,11 +201,7 @@ class SpanOps(AttemptOps):
 
     async def _insert(self, conn: AsyncConnection, batch: list[Span]) -> set[tuple[str, ...]]:
         """Insert ``batch`` (duplicates ignored) in one statement; the keys of the spans that were new."""
-        # One JSON document for the whole batch, serialized by pydantic's Rust core.
-        doc = _span_list.dump_json(batch).decode()
-        if not self.is_sqlite:
-            doc = jsonb_text(doc)
-        inserted = await conn.execute(self._insert_spans, {"doc": doc})
+        inserted = await conn.execute(self._insert_spans, {"doc": spans_json(batch, self.dialect)})
         return {tuple(row) for row in inserted.all()}
 
     @functools.cached_property
