@@ -6,8 +6,7 @@ with backoff — every request when the connection could not be opened (nothing 
 long-polls of at most ``MAX_LONG_POLL_SECONDS``. Errors come back typed: 404 → ``NotFoundError``, 409 →
 ``ConflictError``, other 4xx → ``InvalidRequestError`` (401 → ``UnauthorizedError``), each with the server's
 ``field``. Failures to reach the server are httpx's (``httpx.TransportError``; a 5xx ``httpx.HTTPStatusError``).
-The requests go through httpx's client on aiohttp's connection pool
-(:mod:`lightning_store.http_transport`), with httpx's errors.
+The requests go straight to aiohttp's connection pool (:mod:`lightning_store.http_transport`), with httpx's errors.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from json import loads as json_loads
 from typing import Any
 from urllib.parse import quote
 
@@ -24,7 +24,7 @@ from pydantic import TypeAdapter
 
 from lightning_store.contract import UNSET, StoreStatistics, Unset
 from lightning_store.errors import ConflictError, InvalidRequestError, NotFoundError, StoreError, UnauthorizedError
-from lightning_store.http_transport import StoreTransport
+from lightning_store.http_transport import JsonTransport, encode_json
 from lightning_store.llm_calls import LlmCall
 from lightning_store.models import (
     Attempt,
@@ -49,7 +49,6 @@ from lightning_store.server.wire import MAX_LONG_POLL_SECONDS
 from lightning_store.spans import Span
 
 RETRY_DELAYS = (0.1, 0.5, 1.0, 2.0, 4.0)
-JSON_CONTENT = {"content-type": "application/json"}
 _SPANS: TypeAdapter[list[Span]] = TypeAdapter(list[Span])
 NOT_SENT = (httpx.ConnectError,)
 """The connection could not be opened: the request never left, so any request may be sent again."""
@@ -78,11 +77,8 @@ class HttpStore:
 
     def __init__(self, base_url: str, *, token: str | None = None, timeout: float = 30.0) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
-            headers=headers,
-            timeout=httpx.Timeout(timeout + MAX_LONG_POLL_SECONDS, connect=5.0),
-            transport=StoreTransport(),
+        self._http = JsonTransport(
+            base_url, headers=headers, read_timeout=timeout + MAX_LONG_POLL_SECONDS, connect_timeout=5.0
         )
 
     async def _call(
@@ -92,18 +88,17 @@ class HttpStore:
         *,
         json: Any = None,
         content: bytes | None = None,
-        params: Any = None,
+        params: dict[str, Any] | None = None,
         idempotent: bool = False,
     ) -> Any:
         """``content``: a body already encoded as JSON."""
-        headers = None if content is None else JSON_CONTENT
+        body = content if content is not None or json is None else encode_json(json)
         for attempt, delay in enumerate((0.0, *RETRY_DELAYS)):
-            await asyncio.sleep(delay)
+            if delay:
+                await asyncio.sleep(delay)
             last = attempt == len(RETRY_DELAYS)
             try:
-                response = await self._http.request(
-                    method, path, json=json, content=content, params=params, headers=headers
-                )
+                status, answer = await self._http.send(method, path, body=body, params=params)
             except NOT_SENT:
                 if last:
                     raise
@@ -112,37 +107,39 @@ class HttpStore:
                 if last or not idempotent:
                     raise
                 continue
-            if response.status_code == 503 and not last:
+            if status == 503 and not last:
                 continue
-            return self._result(response)
+            if status < 300:
+                return json_loads(answer)
+            raise self._error(method, path, status, answer)
         raise AssertionError("unreachable")
 
-    @staticmethod
-    def _result(response: httpx.Response) -> Any:
-        if response.status_code < 300:
-            return response.json()
+    def _error(self, method: str, path: str, status: int, answer: bytes) -> Exception:
+        """The error an answer of ``status`` (300 or more) means: typed for a 4xx, httpx's for a 5xx."""
+        if status >= 500:
+            return self._http.status_error(method, path, status, answer)
         try:
-            body = response.json()
+            body = json_loads(answer)
         except ValueError:
-            body = {"detail": response.text}
+            body = None
+        if not isinstance(body, dict):
+            body = {"detail": answer.decode(errors="replace")}
         detail, field = str(body.get("detail")), body.get("field")
-        if response.status_code == 404:
-            raise NotFoundError(detail, field=field)
-        if response.status_code == 401:
-            raise UnauthorizedError(detail, field=field)
-        if response.status_code == 409:
-            raise ConflictError(detail, field=field)
-        if response.status_code < 500:
-            raise InvalidRequestError(detail, field=field)
-        response.raise_for_status()
-        raise AssertionError("unreachable")
+        if status == 404:
+            return NotFoundError(detail, field=field)
+        if status == 401:
+            return UnauthorizedError(detail, field=field)
+        if status == 409:
+            return ConflictError(detail, field=field)
+        return InvalidRequestError(detail, field=field)
 
     async def close(self) -> None:
-        await self._http.aclose()
+        await self._http.close()
 
     async def health(self) -> bool:
         try:
-            return (await self._http.get("/v1/agl/health")).status_code == 200
+            status, _ = await self._http.send("GET", "/v1/agl/health")
+            return status == 200
         except httpx.HTTPError:
             return False
 

@@ -31,7 +31,7 @@ call the proxy is waiting on, say), whose clients see the connection close."""
 
 KEEP_ALIVE_SECONDS = 75
 """How long an idle client connection stays open. Longer than any client keeps one idle (httpx 5 s, aiohttp 15 s,
-``HttpStore`` through aiohttp): the client then always closes first. With uvicorn's 5 s, a request sent as the
+``HttpStore`` 5 s): the client then always closes first. With uvicorn's 5 s, a request sent as the
 server closed the connection failed with a reset; 1,000 simulated runners, 30 s between their calls, saw 22."""
 
 
