@@ -22,7 +22,8 @@ from lightning_store.client import HttpStore
 from tests.learning import answer_rate, train
 from tests.workflow_agents import CHECKER_SYSTEM, VERDICTS, choose_verdict
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # about 5 minutes each
+# Learning runs of two minutes each on a slow day: they run with LIGHTNING_STORE_TEST_LONG=1, outside CI's budget.
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1200)]
 
 COMMON: dict[str, Any] = {"learning_rate": 4e-4, "tasks_per_step": 4, "group_size": 8, "eval_repeats": 8}
 VAL_QUESTIONS = [str(task["question"]) for task in VAL_TASKS]
