@@ -25,6 +25,8 @@ from lightning_store.spans import Span
 OPENINFERENCE_KIND = "openinference.span.kind"
 AGENT_NAME_ATTRIBUTES = ("gen_ai.agent.name", "agent.name", "graph.node.id")
 """Attributes naming the agent of a span, first match wins: the GenAI convention, then OpenInference's."""
+LANGGRAPH_NODE = "langgraph_node"
+"""The key of a LangGraph node's name in the ``metadata`` OpenInference records on its CHAIN span (a JSON text)."""
 
 
 @dataclass(frozen=True)
@@ -96,9 +98,16 @@ def primary_reward(span: Span) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-async def read_episodes(store: LightningStore, rollout_ids: Sequence[str]) -> EpisodeBatch:
+async def read_episodes(
+    store: LightningStore, rollout_ids: Sequence[str], *, agent_spans: Sequence[str] = ()
+) -> EpisodeBatch:
     """Episodes of the given rollouts that succeeded; the others are counted in ``skipped`` by reason
-    (``not_found``, ``not_succeeded``, ``no_llm_calls``)."""
+    (``not_found``, ``not_succeeded``, ``no_llm_calls``).
+
+    The spans that name the agent of the LLM calls inside them: agent spans (GenAI ``invoke_agent …``,
+    OpenInference ``AGENT``), LangGraph nodes (OpenInference ``CHAIN`` spans whose ``metadata`` holds a
+    ``langgraph_node``: the node's name), and spans named one of ``agent_spans`` (their name; an
+    ``operation("planner")`` span's is its operation name)."""
     ids = list(dict.fromkeys(rollout_ids))
     skipped: dict[str, int] = defaultdict(int)
     if not ids:
@@ -117,7 +126,9 @@ async def read_episodes(store: LightningStore, rollout_ids: Sequence[str]) -> Ep
         return EpisodeBatch([], {k: v for k, v in skipped.items() if v})
     # The calls and the span searches do not depend on each other: sent together, they cost one round trip's
     # wait instead of six.
-    calls, spans = await asyncio.gather(store.query_llm_calls(chosen), _spans(store, chosen, list(attempt_of.values())))
+    calls, spans = await asyncio.gather(
+        store.query_llm_calls(chosen), _spans(store, chosen, list(attempt_of.values()), agent_spans)
+    )
     by_rollout: dict[str, list[LlmCall]] = defaultdict(list)
     for call in calls:
         if attempt_of.get(call.rollout_id) == call.attempt_id:
@@ -137,13 +148,15 @@ async def read_episodes(store: LightningStore, rollout_ids: Sequence[str]) -> Ep
                 reward=rewards[-1] if rewards else None,
                 group=group_key(counted[rollout_id]),
                 tools=sorted(filter(None, map(_tool_call, own)), key=lambda t: t.start_time),
-                agents=list(filter(None, map(_agent_span, own))),
+                agents=[agent for span in own if (agent := _agent_span(span, agent_spans)) is not None],
             )
         )
     return EpisodeBatch(episodes, {k: v for k, v in skipped.items() if v})
 
 
-async def _spans(store: LightningStore, rollout_ids: list[str], attempt_ids: list[str]) -> dict[str, list[Span]]:
+async def _spans(
+    store: LightningStore, rollout_ids: list[str], attempt_ids: list[str], agent_spans: Sequence[str]
+) -> dict[str, list[Span]]:
     """Reward, tool and agent spans of the chosen attempts, by rollout, in the order they were stored."""
     found: dict[str, list[Span]] = defaultdict(list)
     if not rollout_ids:
@@ -154,7 +167,10 @@ async def _spans(store: LightningStore, rollout_ids: list[str], attempt_ids: lis
         {"name_prefix": "invoke_agent"},
         {"attributes_match": {OPENINFERENCE_KIND: "TOOL"}},
         {"attributes_match": {OPENINFERENCE_KIND: "AGENT"}},
+        {"attributes_match": {OPENINFERENCE_KIND: "CHAIN"}},  # LangGraph's nodes among them
     ]
+    if agent_spans:
+        queries.append({"names": [*agent_spans, semconv.OPERATION]})
     pages = await asyncio.gather(
         *(store.search_spans(rollout_ids=rollout_ids, attempt_ids=attempt_ids, limit=-1, **query) for query in queries)
     )
@@ -178,10 +194,29 @@ def _tool_call(span: Span) -> ToolCall | None:
     return ToolCall(name=name, ok=span.status.status_code != "ERROR", start_time=span.start_time)
 
 
-def _agent_span(span: Span) -> AgentSpan | None:
-    is_agent = span.name.startswith("invoke_agent") or span.attributes.get(OPENINFERENCE_KIND) == "AGENT"
-    if not is_agent or span.start_time is None or span.end_time is None:
+def _agent_span(span: Span, named: Sequence[str] = ()) -> AgentSpan | None:
+    if span.start_time is None or span.end_time is None:
+        return None
+    own = span.attributes.get(semconv.OPERATION_NAME) if span.name == semconv.OPERATION else span.name
+    if own in named:
+        return AgentSpan(name=str(own), start_time=span.start_time, end_time=span.end_time)
+    kind = span.attributes.get(OPENINFERENCE_KIND)
+    if kind == "CHAIN":
+        node = _langgraph_node(span.attributes.get("metadata"))
+        return None if node is None else AgentSpan(name=node, start_time=span.start_time, end_time=span.end_time)
+    if not (span.name.startswith("invoke_agent") or kind == "AGENT"):
         return None
     names = (span.attributes.get(key) for key in AGENT_NAME_ATTRIBUTES)
     name = next((str(n) for n in names if n), span.name.removeprefix("invoke_agent").strip() or span.name)
     return AgentSpan(name=name, start_time=span.start_time, end_time=span.end_time)
+
+
+def _langgraph_node(metadata: Any) -> str | None:
+    """The LangGraph node a CHAIN span runs, from its ``metadata`` (OpenInference writes it as JSON text)."""
+    if isinstance(metadata, str) and LANGGRAPH_NODE in metadata:
+        try:
+            metadata = json.loads(metadata)
+        except ValueError:
+            return None
+    node = metadata.get(LANGGRAPH_NODE) if isinstance(metadata, dict) else None
+    return node if isinstance(node, str) and node else None

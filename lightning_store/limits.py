@@ -37,6 +37,10 @@ MAX_ID_LENGTH = 128
 """Rollout, attempt, resources and worker ids."""
 MAX_OTEL_ID_LENGTH = 64
 """Trace, span and parent span ids (OpenTelemetry's are 32 and 16 hex digits)."""
+MAX_MATCH_KEYS = 100
+"""Keys of one ``metadata_match`` or ``attributes_match`` filter: each is a condition of the statement, and SQLite
+refuses a statement of about 500 (its expression tree's depth limit). Lists of ids or names have no such limit:
+each is bound as one parameter."""
 MAX_SEQUENCE_ID = 2**53 - 1
 """A caller-chosen span sequence id: exact in a double (JavaScript), and far from the 64-bit counter's end."""
 
@@ -88,6 +92,17 @@ def _replace_bad_text(value: Any) -> Any:
     if isinstance(value, dict):
         return {storable_text(key): _replace_bad_text(item) for key, item in value.items()}
     return value
+
+
+def check_match(match: Any, field: str) -> dict[str, Any] | None:
+    """A ``*_match`` filter (a JSON object of at most :data:`MAX_MATCH_KEYS` keys), or None."""
+    if match is None:
+        return None
+    if not isinstance(match, dict):
+        raise InvalidRequestError(f"{field} must be an object", field=field)
+    if len(match) > MAX_MATCH_KEYS:
+        raise InvalidRequestError(f"{field} has {len(match)} keys; at most {MAX_MATCH_KEYS} are allowed", field=field)
+    return match
 
 
 def check_text(text: str, field: str) -> str:

@@ -3,25 +3,55 @@
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field, ValidationInfo
+
+WRITING = {"writing": True}
+"""The validation context of a snapshot the store is about to write: only then are endpoints checked, so that a
+snapshot stored before the check existed still reads back."""
+
+
+def _http_url(value: str, info: ValidationInfo) -> str:
+    """An endpoint the proxy and agents can call: an http(s) URL with a host (an empty or ``javascript:`` endpoint
+    was once stored, and every call of its rollouts then failed with a 502). Checked when writing."""
+    if not (info.context or {}).get("writing"):
+        return value
+    try:
+        parts = urlsplit(value)
+    except ValueError as exc:
+        raise ValueError(f"not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http(s) URL with a host, e.g. http://127.0.0.1:8000/v1")
+    return value
+
+
+Endpoint = Annotated[str, AfterValidator(_http_url)]
 
 
 class LLM(BaseModel):
     """An OpenAI-compatible endpoint serving a model under a name."""
 
     resource_type: Literal["llm"] = "llm"
-    endpoint: str
+    endpoint: Endpoint
     model: str
     api_key: str | None = None
     sampling_parameters: dict[str, Any] = Field(default_factory=dict)
+    max_tokens_cap: int | None = Field(
+        default=None,
+        ge=1,
+        le=2**31 - 1,
+        description="The most tokens a call through the store's proxy may ask of this LLM: a larger `max_tokens` "
+        "(or `max_completion_tokens`) is lowered to it, and a call that asks for none gets it. For agents that ask "
+        "for thousands of tokens where a small model on a CPU should write a few dozen.",
+    )
 
 
 class ProxyLLM(BaseModel):
     """An LLM reached through the store's proxy, which binds each call to a rollout attempt."""
 
     resource_type: Literal["proxy_llm"] = "proxy_llm"
-    endpoint: str
+    endpoint: Endpoint
     model: str
     api_key: str | None = None
     sampling_parameters: dict[str, Any] = Field(default_factory=dict)

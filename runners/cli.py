@@ -35,7 +35,7 @@ def run(
     kill_after: Annotated[float, typer.Option(help="Seconds past the timeout before a worker is killed.")] = 10.0,
     grace: Annotated[float, typer.Option(help="Seconds in-flight attempts get to finish on SIGINT/SIGTERM.")] = 30.0,
     idle_exit: Annotated[
-        float | None, typer.Option(help="Exit after the queue stayed empty this many seconds.")
+        float | None, typer.Option(help="Exit once no attempt has run and the queue stayed empty this many seconds.")
     ] = None,
     heartbeat: Annotated[float, typer.Option(help="Seconds between heartbeats.")] = 5.0,
     progress: Annotated[

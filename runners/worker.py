@@ -30,6 +30,7 @@ from lightning_store.resources import ResourcesUpdate
 from lightning_store.spans import Span
 from runners.agent import AgentSignatureError, RolloutAgent
 from runners.attempts import RELEASE_SECONDS, EndBatcher, outcome, tally
+from runners.current import attempt_resources
 from runners.endpoint import MissingLLMError, agent_llm, bind_resources, missing_llm_message
 from runners.resilience import UNREACHABLE, persist
 from tracers import Tracer, emit_exception, emit_reward
@@ -119,23 +120,25 @@ class Worker:
         wait for the attempts in flight. :class:`AgentHung` ends it at once."""
         tracer = Tracer(self.store)
         running: set[asyncio.Task[EndedAttemptStatus]] = set()
-        idle_since = time.monotonic()
+        # Idle time counts only while nothing runs: from the start, then from the end of the last attempt (an
+        # attempt longer than ``idle_exit`` must not end the worker with rollouts still queued).
+        idle = _IdleClock()
         try:
             while not stop.is_set():
                 if len(running) >= self.concurrency:
                     done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                     _reraise(done)
                     continue
-                if not running and idle_exit is not None and time.monotonic() - idle_since > idle_exit:
+                if not running and idle_exit is not None and idle.seconds() > idle_exit:
                     break
                 claimed = await self._claim(self.concurrency - len(running))
                 for one in claimed:
-                    running.add(asyncio.create_task(self.run_attempt(one.rollout, tracer, one.resources)))
+                    task = asyncio.create_task(self.run_attempt(one.rollout, tracer, one.resources))
+                    task.add_done_callback(idle.restart)
+                    running.add(task)
                 done = {task for task in running if task.done()}
                 running -= done
                 _reraise(done)
-                if running or claimed:
-                    idle_since = time.monotonic()
             if running:
                 _reraise((await asyncio.wait(running))[0])
         finally:
@@ -214,12 +217,13 @@ class Worker:
             emit_exception(error)
             logger.warning("cannot run the agent on %s: %s", claimed.rollout_id, error)
             return "failed", False, None
-        if self.agent.is_async:
-            work: asyncio.Future[Any] = asyncio.ensure_future(self.agent(*args, **kwargs))
-        else:
-            context = contextvars.copy_context()
-            call = functools.partial(context.run, self.agent, *args, **kwargs)
-            work = asyncio.get_running_loop().run_in_executor(self._threads, call)
+        with attempt_resources(resources):  # runners.current.prompt() reads them; the task or thread keeps them
+            if self.agent.is_async:
+                work: asyncio.Future[Any] = asyncio.ensure_future(self.agent(*args, **kwargs))
+            else:
+                context = contextvars.copy_context()
+                call = functools.partial(context.run, self.agent, *args, **kwargs)
+                work = asyncio.get_running_loop().run_in_executor(self._threads, call)
         watcher = asyncio.ensure_future(self._heartbeat(claimed))
         try:
             done, _ = await asyncio.wait({work, watcher}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
@@ -302,6 +306,19 @@ class Worker:
         if not await self._ends.end(rollout_id, attempt_id, status, spans):
             raise AttemptLost(attempt_id)  # the watchdog decided first; its status stands
         self.stats.outcomes[outcome(status)] += 1
+
+
+class _IdleClock:
+    """Seconds since the worker started or an attempt last ended, whichever is later."""
+
+    def __init__(self) -> None:
+        self.since = time.monotonic()
+
+    def restart(self, _: object = None) -> None:
+        self.since = time.monotonic()
+
+    def seconds(self) -> float:
+        return time.monotonic() - self.since
 
 
 def _reraise(done: Iterable[asyncio.Task[EndedAttemptStatus]]) -> None:

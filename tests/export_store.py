@@ -182,7 +182,7 @@ async def _calls(
     ]
     written = await store.add_many_spans(spans, allocate_sequence_ids=True)
     prompt = [seed + i for i in range(5)]
-    response = [2**40 + seed, 7, 0]
+    response = [2**31 - 1 - seed, 7, 0]  # the largest token id an LlmCall takes
     await store.add_llm_calls(
         [
             LlmCall(
@@ -323,6 +323,7 @@ async def expected_export(store: LightningStore, filled: Filled, selected: set[s
                 "model": c.model,
                 "resources_id": c.resources_id,
                 "resources_version": c.resources_version,
+                "llm_resource": c.llm_resource,
                 "mode": rollout.mode,
                 "step": step if isinstance(step, int) else None,
                 "task_id": task_id if isinstance(task_id, str) else None,
@@ -332,6 +333,7 @@ async def expected_export(store: LightningStore, filled: Filled, selected: set[s
                 "response_token_ids": c.response_token_ids,
                 "response_logprobs": c.response_logprobs,
                 "finish_reason": c.finish_reason,
+                "error": c.error,
                 "start_time": c.start_time,
                 "end_time": c.end_time,
                 "latency_seconds": c.latency_seconds,

@@ -29,3 +29,14 @@ def optional_llm_agent(task: dict[str, Any], llm: LLM | None = None) -> float:
 def unfillable_agent(task: dict[str, Any], nothing_is_named_this: str) -> float:
     """An agent with a parameter that no resource fills: its attempts fail before it is called."""
     raise AssertionError("never called")
+
+
+@rollout
+def flat_agent(task: dict[str, Any], llm: LLM) -> float:
+    """One short chat call through ``llm``, then the same reward whatever the model said: a task with no reward
+    variance, from which GRPO can learn nothing."""
+    client = OpenAI(base_url=llm.endpoint, api_key=llm.api_key or "unused", timeout=60)
+    client.chat.completions.create(
+        model=llm.model, messages=[{"role": "user", "content": str(task)}], max_tokens=4, temperature=1.0
+    )
+    return 0.0

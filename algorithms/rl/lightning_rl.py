@@ -8,8 +8,10 @@ The three algorithms differ only in :meth:`LightningRL.advantages` (and PPO's va
 
 from __future__ import annotations
 
+import logging
 import time
 from abc import abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -22,6 +24,8 @@ from algorithms.session import DEFAULT_MAX_STEPS, MetricsLog, ServedPolicy, Trai
 from algorithms.training import checkpoints
 from lightning_store import aio
 from lightning_store.models import RolloutConfig
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import torch
@@ -66,7 +70,17 @@ class LightningRLConfig(AlgorithmConfig):
     gamma: float = Field(1.0, gt=0, le=1, description="Discount of the `discounted` credit assignment.")
     air_alpha: float = Field(0.2, ge=0, le=1, description="Weight of tool-status rewards in AIR (α).")
     air_weights: dict[str, float] = Field(default_factory=dict, description="AIR weight per tool name.")
-    agents: str | None = Field(None, description="Regex of the agent names to train (None: every LLM call).")
+    agents: str | None = Field(
+        None,
+        description="Regex of the agent names to train (None: every LLM call). A call's agent is the name it was "
+        "recorded with, else the innermost agent span around it: an agent span, a LangGraph node, or a span "
+        "named in `agent_spans`.",
+    )
+    agent_spans: list[str] = Field(
+        default_factory=list,
+        description="Span names that name the agent of the LLM calls made inside them (e.g. a workflow's steps "
+        "traced with `operation`); agent spans and LangGraph nodes always do.",
+    )
     anchor_beta: float = Field(
         0.0,
         ge=0,
@@ -104,7 +118,13 @@ class LightningRL(Algorithm):
         elif c.credit == "air":
             options = {"alpha": c.air_alpha, "weights": dict(c.air_weights)}
         anchored = c.agents is not None and c.anchor_beta > 0
-        return TransitionAdapter(credit=credit_assignment(c.credit, **options), agents=c.agents, keep_others=anchored)
+        return TransitionAdapter(
+            credit=credit_assignment(c.credit, **options),
+            agents=c.agents,
+            keep_others=anchored,
+            agent_spans=tuple(c.agent_spans),
+            llm_resource=collect.POLICY_LLM,
+        )
 
     async def train(self, session: TrainingSession) -> dict[str, Any]:
         from algorithms.training.trainers import PolicySpec, open_trainer
@@ -137,7 +157,7 @@ class LightningRL(Algorithm):
         store = session.store
         # The store's version of the policy resources is what the proxy stamps on each LLM call: staleness is
         # measured against it (it keeps counting across runs on the same store).
-        published = await store.update_resources(collect.POLICY_RESOURCES_ID, {"main_llm": _served(session).llm()})
+        published = await collect.publish_policy(store, _served(session).llm())
         log = await MetricsLog.start(store, self.name, c.model_dump())
         log.on_step = session.on_step
         run_id = log.run.rollout_id  # every rollout the run enqueues names it (metadata.training_run_id)
@@ -181,12 +201,16 @@ class LightningRL(Algorithm):
                     lags = [lag for lag in lags if lag <= c.max_staleness]
                 metrics = await tensor_thread.run(self._step, trainer, transitions, adapted.others)
                 updated = time.perf_counter()
-                await tensor_thread.run(_serve, session, policy, step + 1)
-                published = await store.update_resources(
-                    collect.POLICY_RESOURCES_ID, {"main_llm": _served(session).llm()}
-                )
-                finished = time.perf_counter()
                 rewards = list({t.rollout_id: t.final_reward for t in transitions}.values())
+                # A step that trained no transition left the weights as they were: serving and publishing them
+                # again would only make a new version of the same policy (and hide that nothing was learnt).
+                untrained = not metrics.get("trained_transitions")
+                if untrained:
+                    logger.warning("step %d trained nothing: %s", step + 1, _why_untrained(adapted.skipped, rewards))
+                else:
+                    await tensor_thread.run(_serve, session, policy, step + 1)
+                    published = await collect.publish_policy(store, _served(session).llm())
+                finished = time.perf_counter()
                 metrics |= {
                     "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
                     "reward_std": _std(rewards),
@@ -201,6 +225,7 @@ class LightningRL(Algorithm):
                     "publish_seconds": finished - updated,
                     "step_seconds": finished - started,
                     "version": float(published.version),
+                    "untrained": float(untrained),
                 }
                 last = step + 1 == max_steps
                 if session.val_tasks and (last or (c.eval_every and (step + 1) % c.eval_every == 0)):
@@ -259,6 +284,19 @@ class LightningRL(Algorithm):
     def update_options(self) -> dict[str, float]:
         """Extra :class:`UpdateSettings` fields of a subclass (PPO's value loss)."""
         return {}
+
+
+def _why_untrained(skipped: Mapping[str, int], rewards: list[float]) -> str:
+    """One line for the log: why a step had nothing to train, and what to look at."""
+    left_out = ", ".join(f"{count} {reason}" for reason, count in sorted(skipped.items()) if count)
+    if not rewards:
+        return f"no transitions to train (left out: {left_out or 'nothing'}); the policy was not updated"
+    distinct = sorted(set(rewards))
+    shown = ", ".join(f"{r:g}" for r in distinct[:5]) + (", …" if len(distinct) > 5 else "")
+    return (
+        f"the rewards carried no signal (all equal within each group; rewards seen: {shown}); the policy was not "
+        "updated and no new version was published (are the tasks too hard or too easy, or the reward constant?)"
+    )
 
 
 def _serve(session: TrainingSession, policy: TrainablePolicy, version: int) -> None:

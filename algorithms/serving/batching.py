@@ -15,7 +15,7 @@ quantity a trainer recomputes as the behaviour policy's.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -39,6 +39,9 @@ class SamplingRequest:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+    stopped: Callable[[Sequence[int]], bool] | None = None
+    """Whether the tokens generated so far end the generation (a stop string in their text); checked after each
+    token, beside the stop tokens."""
 
     @classmethod
     def from_body(cls, prompt_token_ids: Sequence[int], body: Mapping[str, Any]) -> SamplingRequest:
@@ -242,7 +245,7 @@ class Decoder:
             row, token = self.rows[index], int(chosen[offset])
             row.tokens.append(token)
             row.logprobs.append(float(chosen_logprobs[offset]))
-            if token in self.stop:
+            if token in self.stop or (row.request.stopped is not None and row.request.stopped(row.tokens)):
                 row.finish = "stop"
             elif len(row.tokens) < row.request.max_tokens:
                 continue

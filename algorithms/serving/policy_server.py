@@ -11,17 +11,19 @@ the event loop keeps serving and a trainer's update in the same process takes tu
 to the generations admitted after them, never to one already running. Invalid sampling settings get a 400
 naming the field.
 
-Not supported (refused or ignored as noted): ``n`` > 1 (400), ``stop`` strings (ignored), tool-call parsing.
+Chat requests may offer ``tools`` (with ``tool_choice``) and give ``stop`` strings, as vLLM's OpenAI server with
+its Hermes tool parser takes them (:mod:`algorithms.serving.chat_tools`); completions take ``stop`` too. Not
+supported: ``n`` > 1 (400).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import dataclasses
+import functools
 import time
-import uuid
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,18 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from algorithms import tensor_thread
 from algorithms.serving.batching import Decoder, Generation, SamplingError, SamplingRequest, generate_batch
+from algorithms.serving.chat_tools import (
+    ChatPlan,
+    ChatReply,
+    cut_at_stop,
+    parse_tool_calls,
+    plan_chat,
+    stop_rule,
+    stop_strings,
+)
+from algorithms.serving.openai_answers import AnswerWriter
 from algorithms.serving.prompt_cache import PromptCache
+from algorithms.serving.response_format import DEFAULT_TRIES
 
 SLICE_SECONDS = 0.05
 """How long decoding holds the tensor thread before other tensor work may take a turn."""
@@ -60,13 +73,17 @@ class PolicyServer:
         max_batch_size: int = 64,
         decode_threads: int | None = None,
         prompt_cache_bytes: int = PROMPT_CACHE_BYTES,
+        response_format_tries: int = DEFAULT_TRIES,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        self.response_format_tries = response_format_tries
+        """Samples a request with a ``response_format`` may take (:mod:`algorithms.serving.response_format`)."""
         self.model_dir = Path(model_dir)
         self.model_name = model_name or self.model_dir.name
         # transformers' own annotations do not describe generate()'s results well; keep them dynamic here.
         self.tokenizer: Any = AutoTokenizer.from_pretrained(self.model_dir)
+        self.answers = AnswerWriter(self.tokenizer, self.model_name)
         model: Any = tensor_thread.call(AutoModelForCausalLM.from_pretrained, self.model_dir, dtype=torch.float32)
         self.model: Any = model.eval()
         self.version = 0
@@ -220,17 +237,19 @@ class PolicyServer:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
                 return _bad_request("messages must be a non-empty list", "messages")
-            prompt_ids = list(
-                self.tokenizer.apply_chat_template(
-                    messages, add_generation_prompt=True, tokenize=True, return_dict=False
-                )
-            )
-            generation = await self._answer(prompt_ids, body)
-            if isinstance(generation, JSONResponse):
-                return generation
+            try:
+                plan = plan_chat(body, self.template_takes_tools)
+            except SamplingError as exc:
+                return _bad_request(str(exc), exc.field)
+            answered = await self._chat_answer(self._chat_prompt(plan), body, plan)
+            if isinstance(answered, JSONResponse):
+                return answered
+            generation, reply = answered
             if body.get("stream"):
-                return StreamingResponse(self._chat_stream(generation, body), media_type="text/event-stream")
-            return self._chat_response(generation, body)
+                return StreamingResponse(
+                    self.answers.chat_stream(generation, body, reply), media_type="text/event-stream"
+                )
+            return self.answers.chat(generation, body, reply)
 
         @app.post("/v1/completions")
         async def completions(request: Request) -> Any:
@@ -244,105 +263,75 @@ class PolicyServer:
                 prompt_ids = list(self.tokenizer(prompt)["input_ids"])
             else:
                 return _bad_request("prompt must be a string or token ids", "prompt")
-            generation = await self._answer(prompt_ids, body)
+            try:
+                stop = stop_strings(body.get("stop"))
+            except SamplingError as exc:
+                return _bad_request(str(exc), exc.field)
+            generation = await self._answer(prompt_ids, body, stop)
             if isinstance(generation, JSONResponse):
                 return generation
-            return self._completion_response(generation, body)
+            return self.answers.completion(generation, body, stop)
 
         return app
 
-    async def _answer(self, prompt_ids: list[int], body: dict[str, Any]) -> Generation | JSONResponse:
+    @functools.cached_property
+    def template_takes_tools(self) -> bool:
+        """Whether the model's chat template renders ``tools`` itself (else :mod:`chat_tools` writes them)."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        return isinstance(template, str) and "tools" in template
+
+    def _chat_prompt(self, plan: ChatPlan) -> list[int]:
+        ids = list(
+            self.tokenizer.apply_chat_template(
+                plan.messages, tools=plan.tools, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
+        if plan.reply_start:  # the start of a required tool call: part of the prompt the model continues
+            ids += self.tokenizer.encode(plan.reply_start, add_special_tokens=False)
+        return ids
+
+    async def _answer(
+        self, prompt_ids: list[int], body: dict[str, Any], stop: tuple[str, ...] = (), json_after: str | None = None
+    ) -> Generation | JSONResponse:
         try:
             if body.get("n") not in (None, 1):
                 raise SamplingError("n", "only n=1 is supported; send several requests (they are batched)")
             request = SamplingRequest.from_body(prompt_ids, body)
         except SamplingError as exc:
             return _bad_request(str(exc), exc.field)
+        stopped = stop_rule(self.tokenizer, stop, json_after)
+        if stopped is not None:
+            request = dataclasses.replace(request, stopped=stopped)
         return await self.generate(request)
 
-    def _envelope(self, kind: str) -> dict[str, Any]:
-        return {"id": f"{kind}-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.model_name}
+    async def _chat_answer(
+        self, prompt_ids: list[int], body: dict[str, Any], plan: ChatPlan
+    ) -> tuple[Generation, ChatReply] | JSONResponse:
+        """One reply; with a ``response_format``, sampled again until its content passes the check, at most
+        ``response_format_tries`` times (a seeded request takes seeds seed, seed + 1, …)."""
+        json_after = plan.reply_start if plan.check is not None else None
+        generation = await self._answer(prompt_ids, body, plan.stop, json_after)
+        if isinstance(generation, JSONResponse):
+            return generation
+        reply, seed = self._reply(generation, plan), body.get("seed")
+        for attempt in range(1, self.response_format_tries if plan.check else 1):
+            if plan.check is None or plan.check.passes(reply.content):
+                break
+            again = {**body, "seed": seed + attempt} if isinstance(seed, int) else body
+            retried = await self._answer(prompt_ids, again, plan.stop, json_after)
+            if isinstance(retried, JSONResponse):
+                return retried
+            generation, reply = retried, self._reply(retried, plan)
+        return generation, reply
 
-    def _token_logprobs(self, generation: Generation) -> list[dict[str, Any]]:
-        return [
-            {
-                "token": self.tokenizer.convert_ids_to_tokens(token),
-                "logprob": logprob,
-                "bytes": None,
-                "top_logprobs": [],
-            }
-            for token, logprob in zip(generation.token_ids, generation.logprobs, strict=True)
-        ]
-
-    def _usage(self, generation: Generation) -> dict[str, int]:
-        prompt, completion = len(generation.prompt_token_ids), len(generation.token_ids)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-    def _chat_response(self, generation: Generation, body: dict[str, Any]) -> dict[str, Any]:
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": self.text(generation.token_ids)},
-            "finish_reason": generation.finish_reason,
-            "logprobs": {"content": self._token_logprobs(generation)} if body.get("logprobs") else None,
-        }
-        response = {
-            **self._envelope("chatcmpl"),
-            "object": "chat.completion",
-            "choices": [choice],
-            "usage": self._usage(generation),
-        }
-        if body.get("return_token_ids"):
-            response["prompt_token_ids"] = generation.prompt_token_ids
-            choice["token_ids"] = generation.token_ids
-        return response
-
-    async def _chat_stream(self, generation: Generation, body: dict[str, Any]) -> AsyncIterator[str]:
-        envelope = {**self._envelope("chatcmpl"), "object": "chat.completion.chunk"}
-        with_ids = bool(body.get("return_token_ids"))
-        first: dict[str, Any] = {
-            **envelope,
-            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
-        }
-        if with_ids:
-            first["prompt_token_ids"] = generation.prompt_token_ids
-        yield f"data: {json.dumps(first)}\n\n"
-        logprobs = self._token_logprobs(generation)
-        for i, token in enumerate(generation.token_ids):
-            last = i == len(generation.token_ids) - 1
-            choice: dict[str, Any] = {
-                "index": 0,
-                "delta": {"content": self.text([token])},
-                "finish_reason": generation.finish_reason if last else None,
-                "logprobs": {"content": [logprobs[i]]} if body.get("logprobs") else None,
-            }
-            if with_ids:
-                choice["token_ids"] = [token]
-            yield f"data: {json.dumps({**envelope, 'choices': [choice]})}\n\n"
-        if (body.get("stream_options") or {}).get("include_usage"):
-            yield f"data: {json.dumps({**envelope, 'choices': [], 'usage': self._usage(generation)})}\n\n"
-        yield "data: [DONE]\n\n"
-
-    def _completion_response(self, generation: Generation, body: dict[str, Any]) -> dict[str, Any]:
-        choice: dict[str, Any] = {
-            "index": 0,
-            "text": self.text(generation.token_ids),
-            "finish_reason": generation.finish_reason,
-            "logprobs": None,
-        }
-        if body.get("logprobs") is not None:
-            choice["logprobs"] = {
-                "tokens": [self.tokenizer.convert_ids_to_tokens(t) for t in generation.token_ids],
-                "token_logprobs": generation.logprobs,
-            }
-        if body.get("return_token_ids"):
-            choice["prompt_token_ids"] = generation.prompt_token_ids
-            choice["token_ids"] = generation.token_ids
-        return {
-            **self._envelope("cmpl"),
-            "object": "text_completion",
-            "choices": [choice],
-            "usage": self._usage(generation),
-        }
+    def _reply(self, generation: Generation, plan: ChatPlan) -> ChatReply:
+        text, cut = cut_at_stop(self.text(generation.token_ids), plan.stop)
+        if not plan.parse_calls:
+            verbatim = not cut and not plan.reply_start
+            return ChatReply(plan.reply_start + text, [], generation.finish_reason, verbatim)
+        content, calls = parse_tool_calls(plan.reply_start + text)
+        verbatim = not cut and not plan.reply_start and not calls
+        return ChatReply(content, calls, "tool_calls" if calls else generation.finish_reason, verbatim)
 
 
 def _bad_request(message: str, field: str) -> JSONResponse:

@@ -37,7 +37,7 @@ from lightning_store.server.direct_proxy import DirectProxy
 from lightning_store.server.guards import Guards
 from lightning_store.server.metrics import Metrics
 from lightning_store.server.outage import unavailable_response
-from lightning_store.server.recorder import CallRecorder
+from lightning_store.server.recorder import CallRecorder, RecordCounts
 from lightning_store.server.shutdown import CutOff, LongPolls
 from lightning_store.settings import ServerSettings
 from lightning_store.sql.engine import unavailable_reason
@@ -67,7 +67,9 @@ def create_app(settings: ServerSettings, store: LightningStore | None = None, *,
                 aio.freeze_startup_heap()
                 aio.collect_requests_young()
             stack.push_async_callback(app.state.upstream_http.close)
-            app.state.recorder = CallRecorder(app.state.store, window=settings.call_record_window)
+            app.state.recorder = CallRecorder(
+                app.state.store, window=settings.call_record_window, counts=app.state.record_counts
+            )
             # Last in, first out: LLM-call records still queued are written before the store closes.
             stack.push_async_callback(app.state.recorder.close)
             # Long-polls end when SIGINT/SIGTERM arrives, before uvicorn's graceful shutdown waits for requests.
@@ -82,6 +84,7 @@ def create_app(settings: ServerSettings, store: LightningStore | None = None, *,
     app.state.token = settings.token
     app.state.long_polls = LongPolls()
     app.state.llm_fallback = proxy.fallback_llm(settings)
+    app.state.record_counts = RecordCounts()
     for router in (routes_store.router, routes_rollouts.router, otlp.router, proxy.router):
         app.include_router(router)
     dashboard.install(app)
@@ -90,7 +93,9 @@ def create_app(settings: ServerSettings, store: LightningStore | None = None, *,
     # The guards come first: /metrics needs the token too, and refused requests never reach the app. The proxy's
     # calls are answered before FastAPI's router (DirectProxy), the other requests by FastAPI.
     app_cut_off = CutOff(DirectProxy(app), app.state.long_polls)  # cancelled at shutdown: a 503, not a 500
-    return Guards(Metrics(app_cut_off), token=settings.token, max_body_bytes=settings.max_body_bytes)
+    return Guards(
+        Metrics(app_cut_off, app.state.record_counts), token=settings.token, max_body_bytes=settings.max_body_bytes
+    )
 
 
 def _error(status: int, exc: StoreError | Exception, field: str | None = None) -> JSONResponse:

@@ -6,16 +6,20 @@ import time
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.registry import Collector
 
 from lightning_store.server.guards import ASGIApp, Message, Receive, Scope, Send
 
 
 class Metrics:
-    """Counts requests and observes latency per method, route template and status; serves ``GET /metrics``."""
+    """Counts requests and observes latency per method, route template and status; serves ``GET /metrics``
+    with those and what the ``collectors`` report (the LLM proxy's record counts)."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, *collectors: Collector) -> None:
         self.app = app
         self.registry = CollectorRegistry()
+        for collector in collectors:
+            self.registry.register(collector)
         self.requests = Counter(
             "lightning_store_http_requests", "HTTP requests", ["method", "route", "status"], registry=self.registry
         )

@@ -13,11 +13,8 @@ the agent with its status and is recorded as an error span.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
-import secrets
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -27,31 +24,18 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from lightning_store.contract import LightningStore
 from lightning_store.errors import InvalidRequestError, NotFoundError
-from lightning_store.limits import storable, storable_text
-from lightning_store.llm_calls import LlmCall
 from lightning_store.resources import LLM, ProxyLLM, ResourcesUpdate
+from lightning_store.server.answers import Answer, raw_response, read_answer
 from lightning_store.server.json_body import CheckedJsonRoute
-from lightning_store.server.recorder import CallRecord, CallRecorder
+from lightning_store.server.proxied_call import ProxiedCall
 from lightning_store.server.routes_rollouts import Store
+from lightning_store.server.stream_answer import StreamAssembler
 from lightning_store.settings import ServerSettings
-from lightning_store.spans import Span
 
 logger = logging.getLogger(__name__)
 router = APIRouter(route_class=CheckedJsonRoute)
 UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError)
 """What a failed upstream call raises (aiohttp's own errors, and its timeouts)."""
-SAMPLING_KEYS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "max_tokens",
-    "max_completion_tokens",
-    "seed",
-    "stop",
-    "n",
-    "presence_penalty",
-    "frequency_penalty",
-)
 
 
 @router.post("/rollout/{rollout_id}/attempt/{attempt_id}/v1/{kind:path}")
@@ -89,11 +73,12 @@ async def forward(
     if not isinstance(body, dict):
         raise InvalidRequestError("the request body must be a JSON object", field="body")
     resources = await store.get_attempt_resources(rollout_id, attempt_id)  # NotFoundError for unknown ids
-    llm = _upstream_llm(resources, request.app.state.llm_fallback)
+    name, llm = choose_llm(resources, body.get("model"), request.app.state.llm_fallback)
     if llm is None:
         return no_upstream(rollout_id)
-    upstream_body = _with_token_ids(body, kind, llm)
-    call = _Call(request.app.state.recorder, rollout_id, attempt_id, kind, body, resources)
+    upstream_body = _with_token_ids(body, kind, llm, by_name=name is not None and body.get("model") == name)
+    call = ProxiedCall(request.app.state.recorder, rollout_id, attempt_id, kind, body, resources, upstream_body)
+    call.llm_resource = name
     http: aiohttp.ClientSession = request.app.state.upstream_http
     url = f"{llm.endpoint.rstrip('/')}/{kind}"
     headers = {"Authorization": f"Bearer {llm.api_key}"} if llm.api_key else {}
@@ -109,11 +94,13 @@ async def forward(
         call.record_error(status, content.decode(errors="replace"))
         return Response(content, status_code=status, media_type=content_type)
     try:
-        data = storable(json.loads(content), content)  # what the record keeps; the agent gets the bytes as sent
+        data = json.loads(content)
+    except RecursionError:  # JSON, nested deeper than Python parses: the agent gets it, the record says so
+        data = None
     except ValueError:
         call.record_error(502, f"not JSON: {content[:200].decode(errors='replace')}")
         return JSONResponse({"detail": "the upstream's answer is not JSON", "error_type": "UpstreamError"}, 502)
-    call.record(data)
+    call.record(read_answer(data, content) if data is not None else _too_deep(content))
     return Response(content, status_code=status, media_type=content_type)  # the upstream's bytes, unchanged
 
 
@@ -160,25 +147,49 @@ def upstream_client(timeout: float) -> aiohttp.ClientSession:
     )
 
 
-def _unreachable(call: _Call, exc: BaseException) -> Response:
+def _too_deep(content: bytes) -> Answer:
+    return Answer(response=raw_response(content), problem="the answer is nested too deep to parse")
+
+
+def _unreachable(call: ProxiedCall, exc: BaseException) -> Response:
     reason = str(exc) or type(exc).__name__
     call.record_error(502, reason)
     return JSONResponse({"detail": f"upstream unreachable: {reason}", "error_type": "UpstreamError"}, status_code=502)
 
 
-def _upstream_llm(resources: ResourcesUpdate | None, fallback: LLM | None) -> LLM | None:
-    if resources is not None:
-        for resource in resources.resources.values():
-            if isinstance(resource, LLM | ProxyLLM) and resource.resource_type == "llm":
-                return LLM.model_validate(resource.model_dump())
-    return fallback
+def choose_llm(
+    resources: ResourcesUpdate | None, requested: Any, fallback: LLM | None
+) -> tuple[str | None, LLM | None]:
+    """The llm resource that serves a call naming the model ``requested``, and its name (None for the
+    fallback): the resource *named* ``requested`` (an agent reaches a second LLM of its rollout, a judge, by
+    its resource name), else the first serving a model of that name, else the first llm resource; with none,
+    the server's fallback upstream."""
+    llms = [
+        (name, LLM.model_validate(resource.model_dump()))
+        for name, resource in (resources.resources.items() if resources is not None else ())
+        if isinstance(resource, LLM | ProxyLLM) and resource.resource_type == "llm"
+    ]
+    for name, llm in llms:
+        if name == requested:
+            return name, llm
+    for name, llm in llms:
+        if llm.model == requested:
+            return name, llm
+    return llms[0] if llms else (None, fallback)
 
 
-def _with_token_ids(body: dict[str, Any], kind: str, llm: LLM) -> dict[str, Any]:
-    """The request as the upstream should get it: token ids and logprobs on, the model named."""
+def _with_token_ids(body: dict[str, Any], kind: str, llm: LLM, *, by_name: bool = False) -> dict[str, Any]:
+    """The request as the upstream should get it: token ids and logprobs on, the model named (the resource's,
+    where the request named none or named the resource), ``max_tokens`` within the resource's ``max_tokens_cap``."""
     upstream = {**llm.sampling_parameters, **body, "return_token_ids": True}
-    if not upstream.get("model") and llm.model:
+    if (by_name or not upstream.get("model")) and llm.model:  # a resource's name is not its upstream's model
         upstream["model"] = llm.model
+    if llm.max_tokens_cap is not None:
+        asked = [key for key in ("max_tokens", "max_completion_tokens") if upstream.get(key) is not None]
+        for key in asked or ["max_tokens"]:
+            value = upstream.get(key)
+            if not isinstance(value, int) or isinstance(value, bool) or value > llm.max_tokens_cap:
+                upstream[key] = llm.max_tokens_cap
     if kind == "chat/completions":
         upstream.setdefault("logprobs", True)
     else:
@@ -189,7 +200,7 @@ def _with_token_ids(body: dict[str, Any], kind: str, llm: LLM) -> dict[str, Any]
 
 
 async def _stream(
-    http: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str], call: _Call
+    http: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str], call: ProxiedCall
 ) -> Response:
     try:
         upstream = await http.post(url, json=body, headers=headers)
@@ -208,7 +219,7 @@ async def _stream(
         )
 
     async def relay() -> AsyncIterator[bytes]:
-        assembled, pending = _Assembler(), b""
+        assembled, pending = StreamAssembler(), b""
         try:
             async for chunk in upstream.content.iter_any():
                 *lines, pending = (pending + chunk).split(b"\n")
@@ -222,154 +233,6 @@ async def _stream(
             logger.warning("upstream stream of %s broke off: %s", call.attempt_id, exc)
         finally:
             upstream.release()
-            call.record(assembled.response())
+            call.record(assembled.answer())
 
     return StreamingResponse(relay(), media_type="text/event-stream")
-
-
-class _Assembler:
-    """Rebuilds one response (text, token ids, logprobs) from an OpenAI/vLLM server-sent event stream."""
-
-    def __init__(self) -> None:
-        self.prompt_token_ids: list[int] = []
-        self.token_ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.text: list[str] = []
-        self.finish_reason: str | None = None
-        self.model: str | None = None
-        self.usage: dict[str, Any] | None = None
-
-    def feed(self, line: str) -> None:
-        if not line.startswith("data:"):
-            return
-        payload = line[len("data:") :].strip()
-        if not payload or payload == "[DONE]":
-            return
-        try:
-            chunk = storable(json.loads(payload), payload)
-        except ValueError:
-            return
-        self.model = chunk.get("model", self.model)
-        self.usage = chunk.get("usage") or self.usage
-        self.prompt_token_ids = chunk.get("prompt_token_ids") or self.prompt_token_ids
-        for choice in chunk.get("choices") or []:
-            if choice.get("index", 0) != 0:
-                continue
-            self.prompt_token_ids = choice.get("prompt_token_ids") or self.prompt_token_ids
-            self.token_ids.extend(choice.get("token_ids") or [])
-            delta = choice.get("delta") or {}
-            self.text.append(delta.get("content") or choice.get("text") or "")
-            self.logprobs.extend(_logprobs(choice))
-            self.finish_reason = choice.get("finish_reason") or self.finish_reason
-
-    def response(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "prompt_token_ids": self.prompt_token_ids,
-            "usage": self.usage,
-            "choices": [
-                {
-                    "index": 0,
-                    "token_ids": self.token_ids,
-                    "finish_reason": self.finish_reason,
-                    "message": {"role": "assistant", "content": "".join(self.text)},
-                    "logprobs": {"content": [{"logprob": v} for v in self.logprobs]},
-                }
-            ],
-        }
-
-
-def _logprobs(choice: dict[str, Any]) -> list[float]:
-    logprobs = choice.get("logprobs") or {}
-    if logprobs.get("content") is not None:  # chat
-        return [float(item["logprob"]) for item in logprobs["content"]]
-    return [float(v) for v in logprobs.get("token_logprobs") or [] if v is not None]  # completions
-
-
-class _Call:
-    """One proxied call; ``record``/``record_error`` queue its span and LLM-call record with the server's
-    :class:`~lightning_store.server.recorder.CallRecorder`, without waiting for the write."""
-
-    def __init__(
-        self,
-        recorder: CallRecorder,
-        rollout_id: str,
-        attempt_id: str,
-        kind: str,
-        request: dict[str, Any],
-        resources: ResourcesUpdate | None,
-    ) -> None:
-        self.recorder = recorder
-        self.rollout_id, self.attempt_id, self.kind, self.request = rollout_id, attempt_id, kind, request
-        self.resources = resources
-        self.started = time.time()
-        self.span_id = secrets.token_hex(8)
-
-    def record(self, response: dict[str, Any]) -> None:
-        self._queue(response, None)
-
-    def record_error(self, status: int, detail: str) -> None:
-        self._queue(None, f"upstream answered {status}: {detail[:2000]}")
-
-    def _queue(self, response: dict[str, Any] | None, error: str | None) -> None:
-        ended = time.time()
-        error = None if error is None else storable_text(error)  # an upstream's error page may hold a NUL
-        build = functools.partial(self._build, response=response, error=error, ended=ended)
-        self.recorder.add(CallRecord(self.rollout_id, self.attempt_id, build))
-
-    def _build(
-        self, sequence_id: int, *, response: dict[str, Any] | None, error: str | None, ended: float
-    ) -> tuple[Span, LlmCall | None]:
-        choice = ((response or {}).get("choices") or [{}])[0]
-        prompt_ids = (response or {}).get("prompt_token_ids") or choice.get("prompt_token_ids") or []
-        response_ids = choice.get("token_ids") or []
-        model = (response or {}).get("model") or self.request.get("model")
-        operation = "chat" if self.kind == "chat/completions" else "text_completion"
-        attributes: dict[str, Any] = {
-            "gen_ai.operation.name": operation,
-            "gen_ai.request.model": self.request.get("model"),
-            "gen_ai.response.model": model,
-            "gen_ai.usage.input_tokens": len(prompt_ids),
-            "gen_ai.usage.output_tokens": len(response_ids),
-            "lightning_store.llm_call": True,
-        }
-        if choice.get("finish_reason"):
-            attributes["gen_ai.response.finish_reasons"] = [choice["finish_reason"]]
-        if error:
-            attributes["error.type"] = "upstream_error"
-        span = Span(
-            rollout_id=self.rollout_id,
-            attempt_id=self.attempt_id,
-            sequence_id=sequence_id,
-            trace_id=secrets.token_hex(16),
-            span_id=self.span_id,
-            name=f"{operation} {model or ''}".strip(),
-            status={"status_code": "ERROR" if error else "OK", "description": error},
-            attributes={k: v for k, v in attributes.items() if v is not None},
-            start_time=self.started,
-            end_time=ended,
-        )
-        if error is not None:
-            return span, None
-        metadata = self.request.get("metadata")
-        call = LlmCall(
-            rollout_id=self.rollout_id,
-            attempt_id=self.attempt_id,
-            span_id=self.span_id,
-            sequence_id=sequence_id,
-            model=model,
-            agent_name=metadata.get("agent_name") if isinstance(metadata, dict) else None,
-            resources_id=self.resources.resources_id if self.resources else None,
-            resources_version=self.resources.version if self.resources else None,
-            prompt_token_ids=prompt_ids,
-            response_token_ids=response_ids,
-            response_logprobs=_logprobs(choice) or None,
-            request=self.request,
-            response=response,
-            sampling_parameters={k: self.request[k] for k in SAMPLING_KEYS if k in self.request},
-            finish_reason=choice.get("finish_reason"),
-            start_time=self.started,
-            end_time=ended,
-            latency_seconds=ended - self.started,
-        )
-        return span, call

@@ -16,6 +16,11 @@ read the rollout without its LLM calls: :meth:`settled` writes an attempt's queu
 them, and the server calls it before it applies an attempt status. It covers the calls this server process
 proxied: with several server processes, a call proxied by another one may still land a moment after the status,
 which is why ``store serve`` gathers with a window only when it runs one process.
+
+Each record stands or falls alone: a batch that fails for any reason but an outage is written again one record
+at a time, so one record the store refuses costs no other (and a record whose build raises, a bug, is logged
+and dropped before the batch is written). :class:`RecordCounts` counts what was written, what of it is not
+trainable, and what was lost, for ``/metrics``.
 """
 
 from __future__ import annotations
@@ -23,8 +28,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from lightning_store.contract import LightningStore
 from lightning_store.errors import DatabaseUnavailableError, NotFoundError
@@ -46,12 +53,40 @@ class CallRecord:
     build: Callable[[int], tuple[Span, LlmCall | None]]
 
 
+@dataclass(eq=False)  # hashable by identity: the Prometheus registry keys its collectors by them
+class RecordCounts:
+    """What a server process's recorder did since it started; a Prometheus collector of itself."""
+
+    recorded: int = 0
+    """LLM-call records written (a call that got an answer)."""
+    untrainable: int = 0
+    """Of those, records whose answer could not be read as a transition (their ``error`` says why)."""
+    lost: int = 0
+    """Records of proxied calls (spans, with their LLM calls) that could not be written."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "lightning_store_llm_calls_recorded", "LLM-call records the proxy wrote", value=self.recorded
+        )
+        yield CounterMetricFamily(
+            "lightning_store_llm_calls_untrainable",
+            "LLM-call records written whose answer could not be read as a training transition",
+            value=self.untrainable,
+        )
+        yield CounterMetricFamily(
+            "lightning_store_llm_call_records_lost",
+            "records of proxied calls that could not be written (logged with the reason)",
+            value=self.lost,
+        )
+
+
 class CallRecorder:
     """Queues :class:`CallRecord` values and writes them to ``store`` in batches (see the module docstring)."""
 
-    def __init__(self, store: LightningStore, *, window: float = 0.0) -> None:
+    def __init__(self, store: LightningStore, *, window: float = 0.0, counts: RecordCounts | None = None) -> None:
         self.store = store
         self.window = window
+        self.counts = counts if counts is not None else RecordCounts()
         """Seconds a batch gathers records before it is written."""
         self._queue: list[CallRecord] = []
         self._hurried = False
@@ -87,16 +122,17 @@ class CallRecorder:
         while self._queue:
             await self._gather()
             batch, self._queue, self._hurried = self._queue, [], False
+            built = [one for one in map(self._built, batch) if one is not None]
             try:
-                await self._write(batch)
-            except NotFoundError:
-                # An attempt of the batch is gone (deleted with its rollout): the others still land.
-                for record in batch:
-                    await self._write_alone(record)
+                await self._write(built)
             except DatabaseUnavailableError as exc:
-                logger.warning("could not record %d LLM calls: %s", len(batch), exc)  # no traceback for an outage
+                self.counts.lost += len(built)
+                logger.warning("could not record %d LLM calls: %s", len(built), exc)  # no traceback for an outage
             except Exception:
-                logger.exception("could not record %d LLM calls", len(batch))
+                # A record of the batch was refused (its attempt deleted with its rollout, or a value the store
+                # cannot hold): each is written alone, so that the others still land.
+                for one in built:
+                    await self._write_alone(one)
             finally:
                 async with self._written:
                     self._unwritten.subtract(record.attempt_id for record in batch)
@@ -122,8 +158,22 @@ class CallRecorder:
         if self._gathering is not None:
             _close(self._gathering)
 
-    async def _write(self, batch: Sequence[CallRecord]) -> None:
-        built = [record.build(0) for record in batch]
+    def _built(self, record: CallRecord) -> _Built | None:
+        try:
+            return _Built(record, *record.build(0))
+        except Exception:  # a bug in a record's build: that record is lost, not its batch
+            self.counts.lost += 1
+            logger.exception("could not build the record of an LLM call of attempt %s", record.attempt_id)
+            return None
+
+    async def _write(self, batch: Sequence[_Built]) -> None:
+        built = [(one.span, one.call) for one in batch]
+        calls = [one.call for one in batch if one.call is not None]
+        await self._store(built)
+        self.counts.recorded += len(calls)
+        self.counts.untrainable += sum(call.error is not None for call in calls)
+
+    async def _store(self, built: list[tuple[Span, LlmCall | None]]) -> None:
         record_llm_calls = getattr(self.store, "record_llm_calls", None)
         if record_llm_calls is not None:  # the SQL store: spans and calls in one transaction
             await record_llm_calls(built)
@@ -132,13 +182,24 @@ class CallRecorder:
         if calls := numbered_calls(built, added):
             await self.store.add_llm_calls(calls)
 
-    async def _write_alone(self, record: CallRecord) -> None:
+    async def _write_alone(self, one: _Built) -> None:
         try:
-            await self._write([record])
+            await self._write([one])
+        except NotFoundError as exc:  # its attempt is gone: nothing to record it under
+            self.counts.lost += 1
+            logger.warning("dropped the record of an LLM call: %s", exc)
         except Exception:
             # The agent already has its answer; a failed record is logged, never raised into a request.
-            ids = record.rollout_id, record.attempt_id
+            self.counts.lost += 1
+            ids = one.record.rollout_id, one.record.attempt_id
             logger.exception("could not record the LLM call of rollout %s attempt %s", *ids)
+
+
+@dataclass(frozen=True)
+class _Built:
+    record: CallRecord
+    span: Span
+    call: LlmCall | None
 
 
 def _close(window: asyncio.Future[None]) -> None:

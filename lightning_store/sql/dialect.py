@@ -216,7 +216,8 @@ def insert_from_json_array(
 def _pg_field(column: sa.Column[Any]) -> str:
     name = column.name
     if isinstance(column.type, sa.JSON):
-        return f"d -> '{name}'"
+        # A nullable column gets SQL NULL for a JSON null, as SQLite's json_extract gives it.
+        return f"NULLIF(d -> '{name}', 'null'::jsonb)" if column.nullable else f"d -> '{name}'"
     if isinstance(column.type, sa.Double):
         return f"(d ->> '{name}')::double precision"
     if isinstance(column.type, sa.Integer):

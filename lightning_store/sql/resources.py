@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from lightning_store.errors import InvalidRequestError, NotFoundError
 from lightning_store.models import PaginatedResult, SortOrder
-from lightning_store.resources import NamedResources, ResourcesUpdate
+from lightning_store.resources import WRITING, NamedResources, ResourcesUpdate
 from lightning_store.sql import validate
 from lightning_store.sql.base import SqlBase
 from lightning_store.sql.dialect import among_param, among_value, contains_text, upsert
@@ -46,7 +46,7 @@ def _checked(value: Any) -> dict[str, Any]:
     if isinstance(value, dict):
         value = {k: v.model_dump() if hasattr(v, "model_dump") else v for k, v in value.items()}
     try:
-        parsed = _named_resources.validate_python(value)
+        parsed = _named_resources.validate_python(value, context=WRITING)
     except ValidationError as exc:
         error = exc.errors()[0]
         path = ".".join(str(p) for p in ("resources", *error["loc"]))

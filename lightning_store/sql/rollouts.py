@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from lightning_store import waits
 from lightning_store.contract import UNSET, Unset
+from lightning_store.limits import check_match
 from lightning_store.models import (
     ROLLOUT_MODES,
     ROLLOUT_STATUSES,
@@ -250,7 +251,7 @@ class RolloutOps(ClaimOps):
         required: list[sa.ColumnElement[bool]] = []
         if mode_in is not None:
             required.append(rollouts.c.mode.in_(list(mode_in)))
-        for key, value in (metadata_match or {}).items():
+        for key, value in (check_match(metadata_match, "metadata_match") or {}).items():
             required.append(json_matches(self.dialect, rollouts.c.metadata, key, value))
         if start_time_from is not None:
             required.append(rollouts.c.start_time >= start_time_from)

@@ -20,6 +20,8 @@ metadata = sa.MetaData(
 
 # JSONB on Postgres (indexable, compact), JSON text on SQLite.
 Json = sa.JSON().with_variant(JSONB(), "postgresql")
+# The same, storing Python's None as SQL NULL rather than JSON null (for rows inserted from Python values).
+JsonOrNull = sa.JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
 # SQLite only auto-increments an INTEGER PRIMARY KEY.
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 Seconds: sa.Double[float] = sa.Double()
@@ -168,13 +170,15 @@ llm_calls = sa.Table(
     sa.Column("model", sa.Text(), nullable=True),
     sa.Column("resources_id", sa.String(128), nullable=True),
     sa.Column("resources_version", sa.Integer(), nullable=True),
+    sa.Column("llm_resource", sa.String(128), nullable=True),
     sa.Column("prompt_token_ids", Json, nullable=False),
     sa.Column("response_token_ids", Json, nullable=False),
-    sa.Column("response_logprobs", Json, nullable=True),
-    sa.Column("request", Json, nullable=True),
-    sa.Column("response", Json, nullable=True),
-    sa.Column("sampling_parameters", Json, nullable=True),
+    sa.Column("response_logprobs", JsonOrNull, nullable=True),
+    sa.Column("request", JsonOrNull, nullable=True),
+    sa.Column("response", JsonOrNull, nullable=True),
+    sa.Column("sampling_parameters", JsonOrNull, nullable=True),
     sa.Column("finish_reason", sa.String(32), nullable=True),
+    sa.Column("error", sa.Text(), nullable=True),
     sa.Column("start_time", Seconds, nullable=False),
     sa.Column("end_time", Seconds, nullable=True),
     sa.Column("latency_seconds", Seconds, nullable=True),

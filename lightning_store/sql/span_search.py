@@ -12,11 +12,12 @@ from typing import Any
 import sqlalchemy as sa
 
 from lightning_store.errors import InvalidRequestError
+from lightning_store.limits import check_match
 from lightning_store.models import ROLLOUT_MODES, PaginatedResult, RolloutMode, SortOrder
 from lightning_store.spans import Span
 from lightning_store.sql import validate
 from lightning_store.sql.base import SqlBase
-from lightning_store.sql.dialect import json_matches
+from lightning_store.sql.dialect import among, json_matches
 from lightning_store.sql.paging import fetch_page
 from lightning_store.sql.schema import rollouts, spans
 from lightning_store.sql.span_rows import span_columns, span_from_text_row
@@ -44,7 +45,7 @@ class SpanSearchOps(SqlBase):
         limit: int = DEFAULT_SEARCH_LIMIT,
         offset: int = 0,
     ) -> PaginatedResult[Span]:
-        conditions = _id_filters(rollout_ids=rollout_ids, attempt_ids=attempt_ids, names=names)
+        conditions = _id_filters(self.dialect, rollout_ids=rollout_ids, attempt_ids=attempt_ids, names=names)
         if name_prefix is not None:
             if not isinstance(name_prefix, str):
                 raise InvalidRequestError("name_prefix must be a string", field="name_prefix")
@@ -53,10 +54,8 @@ class SpanSearchOps(SqlBase):
         if status_code is not None:
             validate.one_of(status_code, STATUS_CODES, "status_code")
             conditions.append(json_matches(self.dialect, spans.c.status, "status_code", status_code))
-        if attributes_match is not None:
-            if not isinstance(attributes_match, dict):
-                raise InvalidRequestError("attributes_match must be an object", field="attributes_match")
-            for key, value in attributes_match.items():
+        if (match := check_match(attributes_match, "attributes_match")) is not None:
+            for key, value in match.items():
                 conditions.append(json_matches(self.dialect, spans.c.attributes, key, value))
         if start_time_from is not None:
             conditions.append(spans.c.start_time >= start_time_from)
@@ -84,8 +83,9 @@ class SpanSearchOps(SqlBase):
         return PaginatedResult(items=[span_from_text_row(r) for r in rows], limit=limit, offset=offset, total=total)
 
 
-def _id_filters(**lists: Sequence[str] | None) -> list[sa.ColumnElement[bool]]:
-    """``column IN (…)`` for each given list of strings (``rollout_ids`` filters ``rollout_id``, and so on)."""
+def _id_filters(dialect: str, **lists: Sequence[str] | None) -> list[sa.ColumnElement[bool]]:
+    """``column IN (…)`` for each given list of strings (``rollout_ids`` filters ``rollout_id``, and so on), each
+    list bound as one parameter (:func:`among`): Postgres takes at most 32,767 parameters a statement."""
     conditions: list[sa.ColumnElement[bool]] = []
     for field, values in lists.items():
         if values is None:
@@ -93,5 +93,5 @@ def _id_filters(**lists: Sequence[str] | None) -> list[sa.ColumnElement[bool]]:
         if isinstance(values, str) or not all(isinstance(v, str) for v in values):
             raise InvalidRequestError(f"{field} must be a list of strings", field=field)
         column = spans.c[field.removesuffix("s")]
-        conditions.append(column.in_(list(values)))
+        conditions.append(among(dialect, column, values))
     return conditions

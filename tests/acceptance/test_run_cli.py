@@ -119,6 +119,16 @@ async def test_sigkill_of_the_runner_loses_nothing(client: HttpStore, server: Se
         assert [a.status for a in await client.query_attempts(rollout.rollout_id)] == ["succeeded"]
 
 
+async def test_idle_exit_counts_only_the_time_nothing_runs(client: HttpStore, server: Server, launch: Launch) -> None:
+    """Attempts longer than ``--idle-exit`` (one worker, one at a time): the runner exits only once the queue is
+    empty and nothing runs (it used to exit after the first, leaving the others queued)."""
+    rollouts = [await client.enqueue_rollout({"x": x, "sleep": 2.5}) for x in (1, 2, 3)]
+    runner = launch(server.url, "tests.agents:async_agent", "--idle-exit", "1")
+    assert await asyncio.to_thread(runner.wait, 60) == 0, output(runner)
+    for rollout in rollouts:
+        assert [a.status for a in await client.query_attempts(rollout.rollout_id)] == ["succeeded"]
+
+
 async def test_the_runner_outlives_a_server_restart(
     client: HttpStore, server: Server, tmp_path: Path, launch: Launch
 ) -> None:

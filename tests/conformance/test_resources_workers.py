@@ -62,6 +62,9 @@ async def test_add_resources_gives_each_snapshot_its_own_id(store: LightningStor
     [
         {"x": {"resource_type": "nope"}},
         {"x": {"resource_type": "llm", "endpoint": "http://llm"}},
+        {"x": {"resource_type": "llm", "endpoint": "", "model": "m"}},
+        {"x": {"resource_type": "llm", "endpoint": "javascript:alert(1)", "model": "m"}},
+        {"x": {"resource_type": "proxy_llm", "endpoint": "127.0.0.1:8000/v1", "model": "m"}},
         {"x": {"resource_type": "prompt_template", "template": "t", "engine": "mustache"}},
         ["not", "a", "mapping"],
     ],
@@ -72,6 +75,8 @@ async def test_add_resources_rejects_invalid_payload_and_writes_nothing(store: L
 
     assert caught.value.field is not None and caught.value.field.startswith("resources")
     assert (await store.query_resources()).total == 0
+    if isinstance(payload, dict) and "endpoint" in payload["x"] and payload["x"].get("model"):
+        assert caught.value.field.endswith(".endpoint")
 
 
 async def test_update_resources_bumps_version_and_becomes_latest(store: LightningStore) -> None:

@@ -6,6 +6,7 @@ import pytest
 
 from lightning_store.contract import LightningStore
 from lightning_store.errors import InvalidRequestError
+from lightning_store.limits import MAX_MATCH_KEYS
 from lightning_store.models import AttemptedRollout
 from lightning_store.spans import Span, TraceStatus
 
@@ -163,3 +164,22 @@ async def test_rejects_bad_arguments(store: LightningStore, kwargs: dict[str, ob
     with pytest.raises(InvalidRequestError) as error:
         await store.search_spans(**kwargs)  # type: ignore[arg-type]
     assert error.value.field == field
+
+
+async def test_long_name_lists_and_match_filters_up_to_the_stated_limit(
+    store: LightningStore, three_rollouts: list[AttemptedRollout]
+) -> None:
+    """50,000 names are one bound list (Postgres takes at most 32,767 parameters a statement); a match filter takes
+    up to ``MAX_MATCH_KEYS`` keys on every backend (SQLite refused about 500 conditions), and more is a 4xx."""
+    names = [f"name-{i}" for i in range(50_000)]
+    page = await store.search_spans(rollout_ids=[r.rollout_id for r in three_rollouts], names=names)
+    assert page.items == []
+    wide = {f"key-{i}": i for i in range(MAX_MATCH_KEYS)}
+    assert (await store.search_spans(attributes_match=wide)).items == []
+    with pytest.raises(InvalidRequestError) as error:
+        await store.search_spans(attributes_match={**wide, "one-more": 1})
+    assert error.value.field == "attributes_match" and f"at most {MAX_MATCH_KEYS}" in str(error.value)
+    assert (await store.query_rollouts(metadata_match=wide)).items == []
+    with pytest.raises(InvalidRequestError) as error:
+        await store.query_rollouts(metadata_match={**wide, "one-more": 1})
+    assert error.value.field == "metadata_match"

@@ -132,8 +132,10 @@ async def test_a_window_gathers_records_and_an_end_or_a_full_batch_cuts_it_short
     await full.close()
 
 
-async def test_a_json_null_is_stored_as_json_null_on_every_backend(sql_store: SqlStore) -> None:
-    """SQL sees an absent part of a call (``None``) as the JSON ``null`` on SQLite as on Postgres, never SQL NULL."""
+async def test_an_absent_part_of_a_call_is_sql_null_on_every_backend(sql_store: SqlStore) -> None:
+    """SQL sees an absent part of a call (``None``) as SQL NULL on SQLite as on Postgres (``WHERE response_logprobs
+    IS NULL`` finds calls without logprobs), never as a JSON ``null`` (which ``store export`` once read as a
+    broken array)."""
     rollout: AttemptedRollout = await sql_store.start_rollout({"i": 1})
     recorder = CallRecorder(sql_store)
     recorder.add(record(rollout.rollout_id, rollout.attempt.attempt_id, "s1"))  # no logprobs, request, response
@@ -142,4 +144,4 @@ async def test_a_json_null_is_stored_as_json_null_on_every_backend(sql_store: Sq
         nulls = await conn.execute(
             sa.text("SELECT response_logprobs IS NULL, request IS NULL, response IS NULL FROM llm_calls")
         )
-        assert [tuple(map(bool, row)) for row in nulls] == [(False, False, False)]
+        assert [tuple(map(bool, row)) for row in nulls] == [(True, True, True)]

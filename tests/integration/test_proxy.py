@@ -337,3 +337,24 @@ async def test_a_call_after_an_idle_pause_does_not_meet_a_connection_the_upstrea
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_an_llm_resources_max_tokens_cap_bounds_every_call(
+    proxy: httpx.AsyncClient, sql_store: SqlStore, upstream: str
+) -> None:
+    """An agent that asks for 2,048 tokens (as framework agents do) gets at most the resource's cap; one that asks
+    for none gets the cap; one under it keeps its own. The record says what the upstream was asked for."""
+    resources = await sql_store.add_resources(
+        {"policy": LLM(endpoint=f"{upstream}/v1", model="tiny", max_tokens_cap=3)}
+    )
+    asks: list[dict[str, Any]] = [{"max_tokens": 2048}, {"max_completion_tokens": 2048}, {}, {"max_tokens": 2}]
+    for ask in asks:
+        rollout = await sql_store.start_rollout({"ask": ask}, resources_id=resources.resources_id)
+        body = {"messages": MESSAGES, "temperature": 1.0, "seed": 3, **ask}
+        assert (await proxy.post(bound(rollout), json=body)).status_code == 200
+        [call] = await recorded(sql_store, rollout.rollout_id)
+        assert len(call.response_token_ids) <= min(3, ask.get("max_tokens", 3))
+        sent = call.sampling_parameters or {}
+        expected = {k: min(v, 3) for k, v in ask.items()} or {"max_tokens": 3}
+        assert {k: sent[k] for k in ("max_tokens", "max_completion_tokens") if k in sent} == expected
+        assert call.request is not None and {k: call.request[k] for k in ask} == ask  # as the agent sent it

@@ -163,10 +163,11 @@ async def test_downgrade_to_0001_restores_its_views(empty_engine: AsyncEngine) -
 
 
 async def test_downgrade_to_0002_restores_its_views(empty_engine: AsyncEngine) -> None:
-    # 0003 adds the APO views and two columns at the end of llm_calls_v; stepping back gives 0002's views.
+    # 0003 adds the APO views and two columns at the end of llm_calls_v (0008 one more after them); stepping back
+    # gives 0002's views.
     await migrate.upgrade(empty_engine)
-    usage = ["usage_prompt_tokens", "usage_completion_tokens"]
-    assert (await view_columns(empty_engine, "llm_calls_v"))[-2:] == usage
+    usage = ["usage_prompt_tokens", "usage_completion_tokens", "error", "llm_resource"]
+    assert (await view_columns(empty_engine, "llm_calls_v"))[-4:] == usage
     await migrate.downgrade(empty_engine, "0002")
     assert await migrate.current_revision(empty_engine) == "0002"
     assert await schema_objects(empty_engine) == (TABLES - HISTORY[0], VIEWS - APO_VIEWS - HISTORY[1])
