@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from lightning_store.cli_common import database_failure, fail
+from lightning_store.cli_common import database_failure, errors, fail
 from lightning_store.cli_enqueue import enqueue
 from lightning_store.cli_export import export
 from lightning_store.cli_prune import prune
@@ -153,36 +153,22 @@ def sql(
     query: Annotated[str, typer.Argument(help="A read-only SQL statement, e.g. SELECT * FROM rollouts_v")],
     database_url: DatabaseUrl = None,
     as_json: bool = typer.Option(False, "--json", help="One JSON object per row."),
+    timeout: float = typer.Option(30.0, min=0.001, help="Seconds the statement may run before it is stopped."),
 ) -> None:
     """Run a read-only SQL query against the store and print the rows."""
-    from lightning_store.sql.engine import make_engine
+    from lightning_store.read_only_sql import run_read_only
 
     url = load_settings(database_url=database_url).database_url
 
     async def run() -> tuple[list[str], list[tuple[Any, ...]]]:
-        engine = make_engine(url)
-        try:
-            async with engine.connect() as conn:
-                # Read-only on both backends: a statement that writes fails instead of changing the store.
-                if engine.dialect.name == "postgresql":
-                    await conn.execute(sa.text("SET TRANSACTION READ ONLY"))
-                else:
-                    await conn.exec_driver_sql("PRAGMA query_only = ON")
-                result = await conn.execute(sa.text(query))
-                if not result.returns_rows:
-                    return [], []
-                rows = [tuple(row) for row in result.all()]
-                if engine.dialect.name != "postgresql":
-                    await conn.exec_driver_sql("PRAGMA query_only = OFF")
-                await conn.rollback()
-                return list(result.keys()), rows
-        finally:
-            await engine.dispose()
+        return await run_read_only(url, query, timeout=timeout, warn=lambda line: errors.print(line, markup=False))
 
     try:
         with _database_errors("query failed", url):
             columns, rows = asyncio.run(run())
     except sa.exc.DBAPIError as exc:
+        if str(exc.orig) == "interrupted" or "statement timeout" in str(exc.orig):
+            fail("query failed", f"stopped after --timeout {timeout:g} s ({exc.orig})", 1)
         fail("query failed", f"{exc.orig}{_not_migrated_hint(url)}", 1)
     except sa.exc.SQLAlchemyError as exc:
         fail("query failed", f"{exc}{_not_migrated_hint(url)}", 1)

@@ -37,6 +37,9 @@ MAX_ID_LENGTH = 128
 """Rollout, attempt, resources and worker ids."""
 MAX_OTEL_ID_LENGTH = 64
 """Trace, span and parent span ids (OpenTelemetry's are 32 and 16 hex digits)."""
+MAX_SPAN_NAME_LENGTH = 512
+"""Characters of a span's name: the name is indexed, and a Postgres b-tree entry holds at most about 2,700 bytes
+(512 characters are at most 2,048 bytes of UTF-8); SQLite would store more, but the limit is one for both."""
 MAX_MATCH_KEYS = 100
 """Keys of one ``metadata_match`` or ``attributes_match`` filter: each is a condition of the statement, and SQLite
 refuses a statement of about 500 (its expression tree's depth limit). Lists of ids or names have no such limit:

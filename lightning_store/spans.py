@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lightning_store.limits import Id, OtelId, SequenceId
+from lightning_store.limits import MAX_SPAN_NAME_LENGTH, Id, OtelId, SequenceId
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
@@ -73,7 +73,7 @@ class Span(BaseModel):
     trace_id: OtelId
     span_id: OtelId = Field(min_length=1)
     parent_id: OtelId | None = None
-    name: str
+    name: str = Field(max_length=MAX_SPAN_NAME_LENGTH)
     status: TraceStatus = Field(default_factory=TraceStatus)
     attributes: Attributes = Field(default_factory=dict)
     events: list[Event] = Field(default_factory=list)
@@ -98,7 +98,7 @@ class Span(BaseModel):
             trace_id=trace_api.format_trace_id(ctx.trace_id if ctx else 0),
             span_id=trace_api.format_span_id(ctx.span_id if ctx else 0),
             parent_id=trace_api.format_span_id(parent.span_id) if parent else None,
-            name=src.name,
+            name=src.name[:MAX_SPAN_NAME_LENGTH],  # a framework's span is kept, its name cut to the limit
             status=TraceStatus(status_code=src.status.status_code.name, description=src.status.description),
             attributes=_jsonable(dict(src.attributes or {})),
             events=[

@@ -93,6 +93,38 @@ async def serving(store: LightningStore, **settings: Any) -> AsyncIterator[str]:
         yield url
 
 
+SQL_BACKENDS = pytest.mark.parametrize(
+    "database_url",
+    [pytest.param("sqlite", id="sqlite"), pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)],
+    indirect=True,
+)
+"""A test (or, as ``pytestmark``, a module) run once on SQLite and once on Postgres."""
+
+
+@pytest.fixture
+async def sql_store(database_url: str) -> AsyncIterator[SqlStore]:
+    """A SQL store over the test's database (no watchdog); tests that define their own keep theirs."""
+    store = await open_store(database_url, migrate=True, watchdog_interval=0)
+    yield store
+    await store.close()
+
+
+@contextlib.asynccontextmanager
+async def behind_a_stand_in(database_url: str, arguments: dict[str, Any]) -> AsyncIterator[tuple[SqlStore, str]]:
+    """A SQL store, ``store serve`` of it (yields the store and the server's URL) and the scripted STAND-IN LLM
+    (``tests.scripted_upstream``, calling tools with ``arguments``) registered as its ``main_llm``."""
+    from lightning_store import LLM
+    from tests.scripted_upstream import create_app as scripted
+
+    store = await open_store(database_url, migrate=True, watchdog_interval=0)
+    try:
+        async with serve_app(scripted(arguments)) as upstream, serving(store) as url:
+            await store.add_resources({"main_llm": LLM(endpoint=f"{upstream}/v1", model="scripted")})
+            yield store, url
+    finally:
+        await store.close()
+
+
 @pytest.fixture
 async def store_factory(backend: str, database_url: str) -> AsyncIterator[StoreFactory]:
     """Opens stores over the test's database; several stores stand for several processes (for HTTP backends:

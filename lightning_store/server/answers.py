@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from lightning_store.errors import InvalidRequestError
 from lightning_store.limits import MAX_INT32, check_json, storable, storable_text
@@ -102,6 +102,8 @@ def token_ids(value: Any, where: str) -> list[int]:
     """``value`` as a list of token ids, or :class:`NotATransition` naming ``where``."""
     if not isinstance(value, list):
         raise NotATransition(f"{where} is a JSON {_kind(value)}, not a list of token ids")
+    if not value or (set(map(type, value)) == {int} and min(value) >= 0 and max(value) <= MAX_INT32):
+        return value  # the common case, checked in C
     for index, item in enumerate(value):
         if type(item) is not int or not 0 <= item <= MAX_INT32:
             raise NotATransition(f"{where}.{index} is {_shown(item)}, not a token id (an integer in [0, 2^31))")
@@ -120,12 +122,13 @@ def choice_logprobs(choice: dict[str, Any]) -> list[float]:
     if content is not None:  # chat
         if not isinstance(content, list):
             raise NotATransition(f"choices.0.logprobs.content is a JSON {_kind(content)}, not a list")
-        values = []
-        for index, item in enumerate(content):
-            if not isinstance(item, dict) or "logprob" not in item:
-                raise NotATransition(f"choices.0.logprobs.content.{index} has no logprob")
-            values.append(logprob(item["logprob"], f"choices.0.logprobs.content.{index}.logprob"))
-        return values
+        try:
+            values = [item["logprob"] for item in content]
+        except (TypeError, KeyError):
+            _refuse_first_bad_item(content)
+        if not _finite_numbers(values):
+            _refuse_first_bad_item(content)
+        return [float(v) for v in values] if int in set(map(type, values)) else values  # common: all floats
     listed = logprobs.get("token_logprobs") or []
     if not isinstance(listed, list):
         raise NotATransition(f"choices.0.logprobs.token_logprobs is a JSON {_kind(listed)}, not a list")
@@ -136,6 +139,20 @@ def logprob(value: Any, where: str) -> float:
     if type(value) not in (int, float) or not math.isfinite(value):
         raise NotATransition(f"{where} is {_shown(value)}, not a log-probability (a finite number)")
     return float(value)
+
+
+def _refuse_first_bad_item(content: list[Any]) -> NoReturn:
+    """Raise :class:`NotATransition` naming the first item of ``logprobs.content`` without a finite logprob."""
+    for index, item in enumerate(content):
+        if not isinstance(item, dict) or "logprob" not in item:
+            raise NotATransition(f"choices.0.logprobs.content.{index} has no logprob")
+        logprob(item["logprob"], f"choices.0.logprobs.content.{index}.logprob")
+    raise NotATransition("choices.0.logprobs.content holds an item that is not a logprob")
+
+
+def _finite_numbers(values: list[Any]) -> bool:
+    """Whether every item is a finite int or float (not a bool), checked in C-speed passes."""
+    return set(map(type, values)) <= {float, int} and all(map(math.isfinite, values))
 
 
 def finish_reason(value: Any) -> str | None:

@@ -29,7 +29,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from lightning_store.errors import InvalidRequestError
-from lightning_store.limits import MAX_DEPTH, MAX_SEQUENCE_ID, check_json
+from lightning_store.limits import MAX_DEPTH, MAX_SEQUENCE_ID, MAX_SPAN_NAME_LENGTH, check_json
 from lightning_store.server.json_body import decode
 from lightning_store.server.routes_rollouts import Store
 
@@ -154,6 +154,10 @@ def _spans(export: ExportTraceServiceRequest) -> tuple[list[dict[str, Any]], int
                 if span is None:
                     rejected += 1
                     problem = "spans without agentlightning.rollout_id/attempt_id were dropped"
+                    continue
+                if len(span["name"]) > MAX_SPAN_NAME_LENGTH:
+                    rejected += 1
+                    problem = f"a span was dropped: name: longer than {MAX_SPAN_NAME_LENGTH} characters"
                     continue
                 spans.append(span)
     return spans, rejected, problem

@@ -13,7 +13,7 @@ import secrets
 import time
 from typing import Any
 
-from lightning_store.limits import storable_text
+from lightning_store.limits import MAX_SPAN_NAME_LENGTH, storable_text
 from lightning_store.llm_calls import LlmCall
 from lightning_store.resources import ResourcesUpdate
 from lightning_store.server.answers import Answer
@@ -32,8 +32,6 @@ SAMPLING_KEYS = (
     "presence_penalty",
     "frequency_penalty",
 )
-MAX_SPAN_NAME = 256
-"""A call's span is named after its operation and model; an upstream may name its model at any length."""
 UNTRAINABLE = "untrainable_answer"
 """The ``error.type`` of a call's span when its answer could not be read as a transition."""
 
@@ -108,7 +106,8 @@ class ProxiedCall:
             sequence_id=sequence_id,
             trace_id=secrets.token_hex(16),
             span_id=self.span_id,
-            name=f"{operation} {model or ''}".strip()[:MAX_SPAN_NAME],
+            # Named after the operation and the model, which an upstream may name at any length.
+            name=f"{operation} {model or ''}".strip()[:MAX_SPAN_NAME_LENGTH],
             status={"status_code": "ERROR" if description else "OK", "description": description},
             attributes={k: v for k, v in attributes.items() if v is not None},
             start_time=self.started,

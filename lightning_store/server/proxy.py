@@ -34,6 +34,8 @@ from lightning_store.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 router = APIRouter(route_class=CheckedJsonRoute)
+MAIN_LLM = "main_llm"
+"""The llm resource a call goes to when it names none of the snapshot's (as an agent's ``llm`` parameter gets it)."""
 UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError)
 """What a failed upstream call raises (aiohttp's own errors, and its timeouts)."""
 
@@ -162,13 +164,17 @@ def choose_llm(
 ) -> tuple[str | None, LLM | None]:
     """The llm resource that serves a call naming the model ``requested``, and its name (None for the
     fallback): the resource *named* ``requested`` (an agent reaches a second LLM of its rollout, a judge, by
-    its resource name), else the first serving a model of that name, else the first llm resource; with none,
-    the server's fallback upstream."""
-    llms = [
-        (name, LLM.model_validate(resource.model_dump()))
-        for name, resource in (resources.resources.items() if resources is not None else ())
-        if isinstance(resource, LLM | ProxyLLM) and resource.resource_type == "llm"
-    ]
+    its resource name), else the first serving a model of that name, else ``main_llm``, else the first llm
+    resource; with none, the server's fallback upstream. "First" puts ``main_llm`` first, then the snapshot's
+    order (which Postgres's jsonb does not keep as written: it orders keys by length)."""
+    llms = sorted(
+        (
+            (name, LLM.model_validate(resource.model_dump()))
+            for name, resource in (resources.resources.items() if resources is not None else ())
+            if isinstance(resource, LLM | ProxyLLM) and resource.resource_type == "llm"
+        ),
+        key=lambda named: named[0] != MAIN_LLM,
+    )
     for name, llm in llms:
         if name == requested:
             return name, llm

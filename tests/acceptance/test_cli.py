@@ -160,7 +160,7 @@ def test_sql_syntax_error_is_reported_without_a_traceback(migrated_cli: Cli) -> 
     assert "Traceback" not in output(result)
 
 
-@pytest.mark.parametrize("statement", ["PRAGMA query_only = OFF", ""])
+@pytest.mark.parametrize("statement", ["PRAGMA foreign_keys = ON", ""])
 def test_sql_statement_without_rows_is_reported_without_a_traceback(migrated_cli: Cli, statement: str) -> None:
     # Used to print sqlalchemy's ResourceClosedError with a traceback (result.all() on a statement with no rows).
     result = migrated_cli("sql", statement)
@@ -192,6 +192,51 @@ def test_sql_on_postgres_is_read_only(tmp_path: Path, postgres_url: str) -> None
     assert "read-only" in output(deleted)
     assert "Traceback" not in output(deleted)
     assert count_rollouts(postgres_url) == 2
+
+
+@pytest.mark.parametrize(
+    "statement",
+    ["ATTACH DATABASE 'attached.db' AS elsewhere", "PRAGMA query_only = OFF", "PRAGMA writable_schema = ON"],
+)
+def test_sql_on_sqlite_attaches_nothing_and_keeps_query_only(migrated_cli: Cli, statement: str) -> None:
+    result = migrated_cli("sql", statement)
+    assert result.returncode == 1 and "query failed: not authorized" in output(result), output(result)
+    assert not (migrated_cli.cwd / "attached.db").exists()
+
+
+def test_sql_stops_a_statement_past_its_timeout_and_reads_no_missing_file(migrated_cli: Cli) -> None:
+    endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+    result = migrated_cli("sql", endless, "--timeout", "1")
+    assert result.returncode == 1 and "query failed: stopped after --timeout 1 s" in output(result), output(result)
+    missing = Cli(f"sqlite:///{migrated_cli.cwd / 'mistyped.db'}", migrated_cli.via, migrated_cli.cwd)
+    result = missing("sql", "SELECT 1")
+    assert result.returncode == 1 and "no such file" in output(result)
+    assert not (migrated_cli.cwd / "mistyped.db").exists()
+
+
+@pytest.mark.postgres
+def test_sql_on_postgres_runs_as_the_reader_role_within_its_timeout(tmp_path: Path, postgres_url: str) -> None:
+    """A read-only transaction alone still let a superuser run a shell command, read server files and end other
+    sessions; as the reader role (revision 0009) each is refused, and a statement stops at its timeout."""
+    cli = Cli(postgres_url, "option", tmp_path)
+    assert cli("migrate").returncode == 0
+    who = cli("sql", "SELECT current_user AS who", "--json")
+    assert who.returncode == 0 and json.loads(who.stdout) == {"who": "lightning_store_reader"}, output(who)
+    marker = tmp_path / "shell-ran"
+    for statement, refusal in (
+        (f"COPY (SELECT 1) TO PROGRAM 'touch {marker}'", "pg_execute_server_program"),
+        ("SELECT pg_read_file('/etc/hostname')", "permission denied for function pg_read_file"),
+        ("SELECT pg_terminate_backend(pg_backend_pid())", "terminate"),
+        ("SELECT * FROM alembic_version", None),  # a table: readable
+    ):
+        result = cli("sql", statement)
+        if refusal is None:
+            assert result.returncode == 0, output(result)
+        else:
+            assert result.returncode == 1 and refusal in output(result), output(result)
+    assert not marker.exists()
+    slept = cli("sql", "SELECT pg_sleep(30)", "--timeout", "1")
+    assert slept.returncode == 1 and "stopped after --timeout 1 s" in output(slept), output(slept)
 
 
 PLAIN_INSTALL = (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 import time
 from typing import Any
 
@@ -18,6 +19,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from lightning_store.contract import LightningStore
 from lightning_store.errors import InvalidRequestError, NotFoundError
+from lightning_store.limits import MAX_SPAN_NAME_LENGTH
 from lightning_store.models import AttemptedRollout, RolloutConfig
 from lightning_store.spans import Event, Link, OtelResource, Span, SpanContext, TraceStatus
 from tests.conftest import StoreFactory
@@ -199,6 +201,21 @@ async def test_malformed_span_raises_invalid_request_naming_the_field(store: Lig
 
     assert caught.value.field == "spans.1.sequence_id"
     assert await spans_of(store, rollout.rollout_id) == []
+
+
+async def test_a_span_name_up_to_the_stated_limit_is_stored_and_a_longer_one_refused(store: LightningStore) -> None:
+    """512 characters of incompressible 4-byte text (2 KB, where a Postgres index entry holds about 2.7 KB) are
+    stored and read back on every backend; one more is a 4xx naming the field, and nothing is written."""
+    rollout = await store.start_rollout({"q": 1})
+    rng = random.Random(0)
+    longest = "".join(chr(rng.randrange(0x10000, 0x110000)) for _ in range(MAX_SPAN_NAME_LENGTH))  # 4 bytes each
+    await store.add_span(make_span(rollout, "s1", name=longest))
+    assert [s.name for s in await spans_of(store, rollout.rollout_id)] == [longest]
+    too_long: Any = {**make_span(rollout, "s2", sequence_id=2).model_dump(), "name": longest + "x"}
+    with pytest.raises(InvalidRequestError) as caught:
+        await store.add_many_spans([too_long])
+    assert caught.value.field == "spans.0.name"
+    assert len(await spans_of(store, rollout.rollout_id)) == 1
 
 
 # A span is a heartbeat -----------------------------------------------------------------------------------

@@ -23,15 +23,11 @@ from fastapi.responses import PlainTextResponse
 from lightning_store import LLM, LlmCall
 from lightning_store.client import HttpStore
 from lightning_store.models import AttemptedRollout
-from lightning_store.sql import SqlStore, open_store
-from tests.conftest import serve_app, serving
+from lightning_store.sql import SqlStore
+from tests.conftest import SQL_BACKENDS, serve_app, serving
 from tests.export_store import read_jsonl, run_export
 
-pytestmark = pytest.mark.parametrize(
-    "database_url",
-    [pytest.param("sqlite", id="sqlite"), pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)],
-    indirect=True,
-)
+pytestmark = SQL_BACKENDS
 
 GOOD_IDS = [11, 12, 13]
 
@@ -125,13 +121,6 @@ def stream_of(said: str) -> str:
         events.insert(3, ["a list"])
     lines = [f"data: {json.dumps(event)}\n\n" for event in events]
     return "".join(lines) + "data: [DONE]\n\n"
-
-
-@pytest.fixture
-async def sql_store(database_url: str) -> AsyncIterator[SqlStore]:
-    store = await open_store(database_url, migrate=True, watchdog_interval=0)
-    yield store
-    await store.close()
 
 
 @pytest.fixture

@@ -16,10 +16,8 @@ from pathlib import Path
 import pytest
 
 from adapters.episodes import read_episodes
-from lightning_store import LLM
-from lightning_store.sql import SqlStore, open_store
-from tests.conftest import serve_app, serving
-from tests.scripted_upstream import create_app
+from lightning_store.sql import SqlStore
+from tests.conftest import behind_a_stand_in
 from tracers import Tracer, emit_reward, instrument
 
 agents = pytest.importorskip("agents")
@@ -34,11 +32,8 @@ def instrumented() -> list[str]:
 
 @pytest.fixture
 async def served(database_url: str) -> AsyncIterator[tuple[SqlStore, str]]:
-    store = await open_store(database_url, migrate=True, watchdog_interval=0)
-    async with serve_app(create_app({"a": 2, "b": 3})) as upstream, serving(store) as url:
-        await store.add_resources({"main_llm": LLM(endpoint=f"{upstream}/v1", model="scripted")})
-        yield store, url
-    await store.close()
+    async with behind_a_stand_in(database_url, {"a": 2, "b": 3}) as served:
+        yield served
 
 
 async def test_an_mcp_servers_tool_calls_are_tool_spans_with_input_and_output(served: tuple[SqlStore, str]) -> None:

@@ -7,23 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from openai import AsyncOpenAI
 
 from lightning_store import LLM, LlmCall
-from lightning_store.sql import SqlStore, open_store
-from tests.conftest import serve_app, serving
+from lightning_store.sql import SqlStore
+from tests.conftest import SQL_BACKENDS, serve_app, serving
 
-pytestmark = pytest.mark.parametrize(
-    "database_url",
-    [pytest.param("sqlite", id="sqlite"), pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)],
-    indirect=True,
-)
+pytestmark = SQL_BACKENDS
 
 TOOLS = [
     {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}} for name in ("search", "lookup")
@@ -76,13 +70,6 @@ def stand_in() -> FastAPI:
         return {"model": "stand-in", "prompt_token_ids": [1], "choices": [choice]}
 
     return app
-
-
-@pytest.fixture
-async def sql_store(database_url: str) -> AsyncIterator[SqlStore]:
-    store = await open_store(database_url, migrate=True, watchdog_interval=0)
-    yield store
-    await store.close()
 
 
 async def recorded(store: SqlStore, rollout_id: str, spans: int) -> tuple[list[LlmCall], int]:

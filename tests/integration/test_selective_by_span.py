@@ -16,11 +16,9 @@ import pytest
 
 from adapters import TransitionAdapter
 from adapters.episodes import read_episodes
-from lightning_store import LLM
 from lightning_store.models import AttemptedRollout
-from lightning_store.sql import SqlStore, open_store
-from tests.conftest import serve_app, serving
-from tests.scripted_upstream import create_app
+from lightning_store.sql import SqlStore
+from tests.conftest import behind_a_stand_in
 from tracers import Tracer, emit_reward, instrument, operation
 
 langgraph = pytest.importorskip("langgraph.graph")
@@ -33,11 +31,8 @@ def instrumented() -> list[str]:
 
 @pytest.fixture
 async def served(database_url: str) -> AsyncIterator[tuple[SqlStore, str]]:
-    store = await open_store(database_url, migrate=True, watchdog_interval=0)
-    async with serve_app(create_app({})) as upstream, serving(store) as url:
-        await store.add_resources({"main_llm": LLM(endpoint=f"{upstream}/v1", model="scripted")})
-        yield store, url
-    await store.close()
+    async with behind_a_stand_in(database_url, {}) as served:
+        yield served
 
 
 class SqlState(TypedDict, total=False):

@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from lightning_store.client import HttpStore
 from lightning_store.errors import UnauthorizedError
+from lightning_store.limits import MAX_SPAN_NAME_LENGTH
 from lightning_store.models import AttemptedRollout, RolloutConfig
 from lightning_store.server.run import check
 from lightning_store.settings import ServerSettings
@@ -418,6 +419,22 @@ async def test_otlp_spans_without_ids_are_rejected_not_stored(http: httpx.AsyncC
     assert response.status_code == 200
     assert response.json()["partialSuccess"]["rejectedSpans"] == "1"
     assert await counts(sql_store) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    "database_url", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+async def test_an_otlp_span_whose_name_is_too_long_is_dropped_alone(
+    http: httpx.AsyncClient, sql_store: SqlStore
+) -> None:
+    """A name over the stated limit (which a Postgres index entry cannot hold) loses that span only."""
+    rollout = await sql_store.start_rollout(1)
+    names = ["a", "𐀀" * (MAX_SPAN_NAME_LENGTH + 1), "c"]
+    response = await http.post("/v1/traces", json=otlp_json(rollout, names))
+    assert response.status_code == 200, response.text
+    partial = response.json()["partialSuccess"]
+    assert partial["rejectedSpans"] == "1" and f"longer than {MAX_SPAN_NAME_LENGTH}" in partial["errorMessage"]
+    assert [s.name for s in await sql_store.query_spans(rollout.rollout_id)] == ["a", "c"]
 
 
 async def test_otlp_undecodable_is_422(http: httpx.AsyncClient) -> None:

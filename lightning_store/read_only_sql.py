@@ -1,0 +1,68 @@
+"""``store sql``: one statement against the store, read-only in fact rather than by keyword.
+
+- **Postgres**: a ``READ ONLY`` transaction with a ``statement_timeout``, run as the role
+  :data:`READER_ROLE` (revision 0009 creates it, with ``SELECT`` on the schema's tables and views and nothing else):
+  a read-only transaction alone still runs ``COPY … TO PROGRAM``, ``pg_read_file`` or ``pg_terminate_backend``
+  for a privileged user, which the role cannot. Where the role is missing (the migrating user could not create
+  it) the statement runs as the connecting user, and the caller is told so.
+- **SQLite**: the file opened for reading only (a missing file is refused, not created), ``query_only``, an
+  authorizer that refuses ``ATTACH``/``DETACH`` (which would create files) and turning ``query_only`` off, and a
+  progress handler that stops a statement past its timeout.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL
+
+from lightning_store.export_reader import reader
+
+READER_ROLE = "lightning_store_reader"
+_ROLE_USABLE = sa.text(
+    f"SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{READER_ROLE}') "
+    f"THEN pg_has_role(current_user, '{READER_ROLE}', 'MEMBER') ELSE false END"
+)
+_LOCKED_PRAGMAS = {"query_only", "writable_schema", "trusted_schema"}
+
+
+async def run_read_only(
+    database: str | URL, statement: str, *, timeout: float, warn: Callable[[str], None]
+) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """The column names and rows of ``statement`` (no columns: it returns no rows); ``timeout`` seconds at most.
+    Database errors are raised as SQLAlchemy raises them."""
+    async with reader(database) as (engine, _), engine.connect() as conn:
+        if conn.dialect.name == "postgresql":
+            await conn.execute(sa.text("SET TRANSACTION READ ONLY"))
+            await conn.execute(sa.text(f"SET LOCAL statement_timeout = {max(1, int(timeout * 1000))}"))
+            if await conn.scalar(_ROLE_USABLE):
+                await conn.execute(sa.text(f"SET LOCAL ROLE {READER_ROLE}"))
+            else:
+                warn(
+                    f"the role {READER_ROLE} is missing or not granted to this user (run `store migrate` as a "
+                    "user that may create roles): the statement runs read-only as the connecting user"
+                )
+        else:
+            sqlite_connection: Any = (await conn.get_raw_connection()).driver_connection  # aiosqlite's
+            await sqlite_connection.set_authorizer(_sqlite_authorizer)
+            deadline = time.monotonic() + timeout
+            await sqlite_connection.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
+        try:
+            result = await conn.execute(sa.text(statement))
+            if not result.returns_rows:
+                return [], []
+            return list(result.keys()), [tuple(row) for row in result.all()]
+        finally:
+            await conn.rollback()
+
+
+def _sqlite_authorizer(action: int, arg1: str | None, arg2: str | None, _db: str | None, _trigger: str | None) -> int:
+    if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH):
+        return sqlite3.SQLITE_DENY
+    if action == sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() in _LOCKED_PRAGMAS and arg2 is not None:
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK
