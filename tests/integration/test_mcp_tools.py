@@ -44,10 +44,11 @@ async def test_an_mcp_servers_tool_calls_are_tool_spans_with_input_and_output(se
     tracer = Tracer(store)
     base = f"{url}/rollout/{rollout.rollout_id}/attempt/{rollout.attempt.attempt_id}/v1"
     with tracer.attempt(rollout.rollout_id, rollout.attempt.attempt_id):
-        async with agents_mcp.MCPServerStdio(params={"command": sys.executable, "args": [str(SERVER)]}) as mcp:
-            model = agents.OpenAIChatCompletionsModel(
-                model="scripted", openai_client=AsyncOpenAI(base_url=base, api_key="unused")
-            )
+        async with (
+            AsyncOpenAI(base_url=base, api_key="unused") as client,
+            agents_mcp.MCPServerStdio(params={"command": sys.executable, "args": [str(SERVER)]}) as mcp,
+        ):
+            model = agents.OpenAIChatCompletionsModel(model="scripted", openai_client=client)
             agent = agents.Agent(name="calc", instructions="Use the add tool.", mcp_servers=[mcp], model=model)
             result = await agents.Runner.run(agent, "What is 2 + 3?")
         emit_reward(1.0 if "5" in str(result.final_output) else 0.0)

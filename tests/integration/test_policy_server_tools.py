@@ -104,8 +104,7 @@ def smollm2(tmp_path_factory: pytest.TempPathFactory) -> PolicyServer:
 async def test_smollm2_answers_a_required_tool_call_the_openai_sdk_reads(smollm2: PolicyServer) -> None:
     from openai import AsyncOpenAI
 
-    async with serve_app(smollm2.app()) as url:
-        client = AsyncOpenAI(base_url=f"{url}/v1", api_key="unused")
+    async with serve_app(smollm2.app()) as url, AsyncOpenAI(base_url=f"{url}/v1", api_key="unused") as client:
         create: Any = client.chat.completions.create  # the SDK's overloads do not take plain dicts
         for choice in ("required", {"type": "function", "function": {"name": "add"}}):
             completion = await create(
