@@ -25,6 +25,7 @@ from lightning_store.cli_prune import prune
 from lightning_store.cli_resources import resources
 from lightning_store.cli_rollouts import rollouts
 from lightning_store.settings import load_settings
+from lightning_store.sql.engine import missing_sqlite_file
 
 app = typer.Typer(help="lightning-store: a durable rollout and span store for agent RL.", no_args_is_help=True)
 console = Console()
@@ -128,6 +129,8 @@ def stats(database_url: DatabaseUrl = None, as_json: bool = typer.Option(False, 
     from lightning_store.sql import open_store
 
     settings = load_settings(database_url=database_url)
+    if (missing := missing_sqlite_file(settings.database_url)) is not None:  # a typo must not create a database
+        fail("cannot read the store", f"no such file: {missing} (`store serve` or `store migrate` creates it)")
 
     async def run() -> dict[str, Any]:
         # Migrated (SQLite, by default) or checked first: a database that is not current gets a one-line answer.

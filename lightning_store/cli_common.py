@@ -90,9 +90,17 @@ def database_failure(exc: BaseException, database_url: str, *, serving: bool = F
     """One line for an error that says the database cannot be reached or is not migrated (the URL shown without
     its password); ``None`` for other errors. ``serving``: for ``store serve``, which also offers ``--migrate``
     and reports only what its own check raised (an ``OSError`` there may be uvicorn's, a port in use)."""
+    import sqlalchemy.exc
+
     from lightning_store.errors import DatabaseUnavailableError
     from lightning_store.migrate import DatabaseNotMigratedError
     from lightning_store.sql.engine import shown_url, unavailable_reason
+
+    if isinstance(exc, sqlalchemy.exc.ArgumentError) and "URL" in str(exc):
+        return (
+            f"not a database URL: {database_url!r} (e.g. sqlite:///lightning_store.db or "
+            "postgresql://user@host:5432/db)"
+        )
 
     if isinstance(exc, DatabaseNotMigratedError):
         if not exc.known:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -15,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.pool import NullPool
 
 from lightning_store.errors import DatabaseUnavailableError
-from lightning_store.sql.engine import is_memory_sqlite, is_sqlite, make_engine, normalize_url
+from lightning_store.sql.engine import is_memory_sqlite, is_sqlite, make_engine, missing_sqlite_file, normalize_url
 
 
 @contextlib.asynccontextmanager
@@ -43,8 +42,7 @@ async def reader(database: str | URL | AsyncEngine) -> AsyncIterator[tuple[Async
 
 def _check_sqlite_file(url: URL) -> None:
     """A SQLite file that does not exist is refused, not created (as opening it would)."""
-    path = Path(url.database or "")
-    if not is_memory_sqlite(url) and "uri" not in url.query and not path.is_file():
+    if (path := missing_sqlite_file(url)) is not None:
         raise DatabaseUnavailableError(f"no such file: {path}")
 
 

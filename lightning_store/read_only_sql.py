@@ -35,16 +35,17 @@ async def run_read_only(
 ) -> tuple[list[str], list[tuple[Any, ...]]]:
     """The column names and rows of ``statement`` (no columns: it returns no rows); ``timeout`` seconds at most.
     Database errors are raised as SQLAlchemy raises them."""
+    unguarded = ""
     async with reader(database) as (engine, _), engine.connect() as conn:
         if conn.dialect.name == "postgresql":
             await conn.execute(sa.text("SET TRANSACTION READ ONLY"))
             await conn.execute(sa.text(f"SET LOCAL statement_timeout = {max(1, int(timeout * 1000))}"))
             if await conn.scalar(_ROLE_USABLE):
                 await conn.execute(sa.text(f"SET LOCAL ROLE {READER_ROLE}"))
-            else:
-                warn(
+            else:  # said once the statement has run: a failure stays one line
+                unguarded = (
                     f"the role {READER_ROLE} is missing or not granted to this user (run `store migrate` as a "
-                    "user that may create roles): the statement runs read-only as the connecting user"
+                    "user that may create roles): the statement ran read-only as the connecting user"
                 )
         else:
             sqlite_connection: Any = (await conn.get_raw_connection()).driver_connection  # aiosqlite's
@@ -53,9 +54,12 @@ async def run_read_only(
             await sqlite_connection.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
         try:
             result = await conn.execute(sa.text(statement))
-            if not result.returns_rows:
-                return [], []
-            return list(result.keys()), [tuple(row) for row in result.all()]
+            answer: tuple[list[str], list[tuple[Any, ...]]] = ([], [])
+            if result.returns_rows:
+                answer = list(result.keys()), [tuple(row) for row in result.all()]
+            if unguarded:
+                warn(unguarded)
+            return answer
         finally:
             await conn.rollback()
 

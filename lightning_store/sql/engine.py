@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event
@@ -31,8 +32,19 @@ UNAVAILABLE_SQLSTATES = ("08", "53", "57P01", "57P02", "57P03", "3D000", "28")
 """Postgres error codes (or their classes) that mean the database cannot serve us now: connection exceptions,
 insufficient resources (too many connections, disk full), shutting down or starting up, the database missing,
 the credentials refused."""
-UNAVAILABLE_SQLITE_CODES = frozenset({5, 6, 10, 13, 14})
-"""SQLite primary result codes that say the same: BUSY and LOCKED (past the busy timeout), IOERR, FULL, CANTOPEN."""
+UNAVAILABLE_SQLITE_CODES = frozenset({5, 6, 10, 13, 14, 26})
+"""SQLite primary result codes that say the same: BUSY and LOCKED (past the busy timeout), IOERR, FULL, CANTOPEN,
+NOTADB (the file is not a SQLite database: nothing of the store can be read there either)."""
+
+
+def missing_sqlite_file(url: str | URL) -> Path | None:
+    """The file of a SQLite URL when it does not exist (opening it would create an empty database), else None
+    (it exists, it is in memory or a URI, or the URL is not SQLite's)."""
+    parsed = normalize_url(url)
+    if not is_sqlite(parsed) or is_memory_sqlite(parsed) or "uri" in parsed.query:
+        return None
+    path = Path(parsed.database or "")
+    return None if path.is_file() else path
 
 
 def normalize_url(url: str | URL) -> URL:

@@ -214,6 +214,23 @@ def test_sql_stops_a_statement_past_its_timeout_and_reads_no_missing_file(migrat
     assert not (migrated_cli.cwd / "mistyped.db").exists()
 
 
+def test_read_commands_create_no_database_and_bad_urls_get_one_line(tmp_path: Path) -> None:
+    """A mistyped SQLite path once made `store stats` create an empty database and report 0; a URL that is not
+    one, or a file that is not SQLite, printed a traceback."""
+    mistyped = Cli(f"sqlite:///{tmp_path / 'mistyped.db'}", "option", tmp_path)
+    result = mistyped("stats")
+    assert result.returncode == 1 and "cannot read the store: no such file:" in output(result), output(result)
+    assert not (tmp_path / "mistyped.db").exists()
+    (tmp_path / "notes.db").write_text("not a database")
+    for url, line in (
+        ("not a url", "cannot serve: not a database URL: 'not a url'"),
+        (f"sqlite:///{tmp_path / 'notes.db'}", "file is not a database"),
+    ):
+        result = Cli(url, "option", tmp_path)("serve", "--port", "0")
+        assert result.returncode == 2 and line in output(result), output(result)
+        assert "Traceback" not in output(result) and len(output(result).strip().splitlines()) == 1, output(result)
+
+
 @pytest.mark.postgres
 def test_sql_on_postgres_runs_as_the_reader_role_within_its_timeout(tmp_path: Path, postgres_url: str) -> None:
     """A read-only transaction alone still let a superuser run a shell command, read server files and end other
