@@ -56,6 +56,9 @@ def serve(
     ] = None,
     insecure: Annotated[bool, typer.Option("--insecure", help="Allow a non-loopback host without a token.")] = False,
     max_body_bytes: Annotated[int | None, typer.Option(help="Largest request body [default: 32 MiB].")] = None,
+    max_header_bytes: Annotated[
+        int | None, typer.Option(help="Largest request line and headers, 431 beyond [default: 64 KiB].")
+    ] = None,
     migrate_on_start: Annotated[
         bool | None, typer.Option("--migrate/--no-migrate", help="Upgrade the schema first [default: on for SQLite].")
     ] = None,
@@ -89,6 +92,7 @@ def serve(
         token=token,
         insecure=insecure or None,
         max_body_bytes=max_body_bytes,
+        max_header_bytes=max_header_bytes,
         migrate_on_start=migrate_on_start,
         llm_upstream=llm_upstream,
         llm_model=llm_model,

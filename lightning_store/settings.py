@@ -54,6 +54,9 @@ class ServerSettings(StoreSettings):
     token: str | None = Field(default=None, description="Bearer token every route but health requires.")
     insecure: bool = Field(default=False, description="Allow a non-loopback host without a token.")
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0, description="Largest request body accepted.")
+    max_header_bytes: int = Field(
+        default=64 * 1024, ge=1024, description="Largest request line and headers accepted (431 beyond)."
+    )
     llm_upstream: str | None = Field(
         default=None, description="OpenAI-compatible base URL (…/v1) the proxy uses when no llm resource names one."
     )

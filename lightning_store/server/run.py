@@ -18,6 +18,7 @@ from uvicorn.supervisors import Multiprocess
 from lightning_store import aio
 from lightning_store.errors import InvalidRequestError
 from lightning_store.migrate import prepare_database
+from lightning_store.server.bounded_headers import BoundedHeadersProtocol
 from lightning_store.server.listeners import ReusePortListener, supports_reuse_port
 from lightning_store.settings import ServerSettings, load_server_settings
 from lightning_store.sql.engine import is_sqlite, normalize_url, shown_url
@@ -74,7 +75,9 @@ def serve(settings: ServerSettings, *, log_level: str = "info") -> None:
         "access_log": log_level.lower() in ("debug", "trace"),
         "timeout_graceful_shutdown": SHUTDOWN_GRACE_SECONDS,
         "timeout_keep_alive": KEEP_ALIVE_SECONDS,
+        "http": BoundedHeadersProtocol,  # httptools, with a request's headers bounded (server/bounded_headers.py)
     }
+    BoundedHeadersProtocol.max_head_bytes = settings.max_header_bytes
     if settings.workers == 1:
         from lightning_store.server.app import create_app
 
@@ -114,7 +117,9 @@ def serve(settings: ServerSettings, *, log_level: str = "info") -> None:
 def app_from_environment() -> Any:
     from lightning_store.server.app import create_app
 
-    return create_app(load_server_settings(), freeze_heap=True)
+    settings = load_server_settings()
+    BoundedHeadersProtocol.max_head_bytes = settings.max_header_bytes  # this worker's connections
+    return create_app(settings, freeze_heap=True)
 
 
 def log_config(log_level: str) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -309,3 +310,43 @@ async def test_acknowledged_spans_survive_kill_9(postgres_url: str, tmp_path: Pa
         assert set(acknowledged) <= stored
     finally:
         restarted.stop()
+
+
+async def test_headers_past_the_limit_get_a_431_and_bodies_are_not_counted(tmp_path: Path) -> None:
+    """A request whose line and headers pass --max-header-bytes is answered 431 and closed, whatever its route
+    (before authentication), and the server does not read the rest of the head (a single 100 MiB header line
+    was once read whole); a large body after small headers is not counted against the limit."""
+    server = Server("--max-header-bytes", "4096", "--token", "secret", cwd=tmp_path)
+    try:
+        await wait_healthy(server.url, server.process)
+        # A head a little over the limit, sent whole: the server reads it all and answers 431.
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET /v1/agl/health HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 8192 + b"\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+        # A header line that never ends: the connection is closed long before 8 MiB have been sent.
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET /v1/agl/health HTTP/1.1\r\nhost: x\r\nx-huge: ")
+        sent, closed = 0, False
+        while sent < 8 * 1024 * 1024 and not closed:
+            writer.write(b"a" * 65536)
+            sent += 65536
+            try:
+                await asyncio.wait_for(writer.drain(), 5)
+            except (ConnectionError, TimeoutError):
+                closed = True
+            closed = closed or reader.at_eof() or writer.is_closing()
+            await asyncio.sleep(0)
+        with contextlib.suppress(ConnectionError):
+            await asyncio.wait_for(reader.read(), 5)
+            closed = True
+        writer.close()
+        assert closed and sent < 8 * 1024 * 1024, sent
+        body = {"spans": [{"x": "b" * 200_000}]}  # 200 kB of body after small headers: not a head too large
+        async with httpx.AsyncClient(base_url=server.url, headers={"authorization": "Bearer secret"}) as http:
+            response = await http.post("/v1/agl/spans/batch", json=body)
+            assert response.status_code in (400, 422), response.text  # refused for its content, not its size
+            assert (await http.get("/v1/agl/health")).status_code == 200
+    finally:
+        assert server.stop() in CLEAN_EXIT
