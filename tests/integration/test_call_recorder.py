@@ -5,7 +5,6 @@ a record of an unknown attempt dropped without losing the rest of its batch)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,21 +16,10 @@ from lightning_store.contract import LightningStore
 from lightning_store.models import AttemptedRollout
 from lightning_store.server.recorder import MAX_BATCH, CallRecord, CallRecorder
 from lightning_store.spans import Span
-from lightning_store.sql import SqlStore, open_store
-from tests.conftest import serving
+from lightning_store.sql import SqlStore
+from tests.conftest import SQL_BACKENDS, serving
 
-pytestmark = pytest.mark.parametrize(
-    "database_url",
-    [pytest.param("sqlite", id="sqlite"), pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)],
-    indirect=True,
-)
-
-
-@pytest.fixture
-async def sql_store(database_url: str) -> AsyncIterator[SqlStore]:
-    store = await open_store(database_url, migrate=True, watchdog_interval=0)
-    yield store
-    await store.close()
+pytestmark = SQL_BACKENDS
 
 
 def record(rollout_id: str, attempt_id: str, span_id: str, *, with_call: bool = True) -> CallRecord:

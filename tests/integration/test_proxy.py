@@ -18,7 +18,7 @@ from algorithms.serving.policy_server import PolicyServer
 from algorithms.serving.tiny_model import build_tiny_model
 from lightning_store import LLM, LlmCall
 from lightning_store.models import AttemptedRollout
-from lightning_store.sql import SqlStore, open_store
+from lightning_store.sql import SqlStore
 from tests.conftest import serve_app, serving
 
 MESSAGES = [{"role": "system", "content": "Use the tools."}, {"role": "user", "content": "My flight was cancelled."}]
@@ -33,13 +33,6 @@ def policy(tmp_path_factory: pytest.TempPathFactory) -> PolicyServer:
 async def upstream(policy: PolicyServer) -> AsyncIterator[str]:
     async with serve_app(policy.app()) as url:
         yield url
-
-
-@pytest.fixture
-async def sql_store(database_url: str) -> AsyncIterator[SqlStore]:
-    store = await open_store(database_url, migrate=True, watchdog_interval=0)
-    yield store
-    await store.close()
 
 
 @pytest.fixture

@@ -21,15 +21,8 @@ from lightning_store.limits import MAX_SPAN_NAME_LENGTH
 from lightning_store.models import AttemptedRollout, RolloutConfig
 from lightning_store.server.run import check
 from lightning_store.settings import ServerSettings
-from lightning_store.sql import SqlStore, open_store
+from lightning_store.sql import SqlStore
 from tests.conftest import serving
-
-
-@pytest.fixture
-async def sql_store(database_url: str) -> AsyncIterator[SqlStore]:
-    store = await open_store(database_url, migrate=True, watchdog_interval=0)
-    yield store
-    await store.close()
 
 
 @pytest.fixture
