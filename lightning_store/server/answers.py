@@ -50,13 +50,29 @@ class Answer:
     problem: str | None = None
 
 
+class TooDeep(ValueError):
+    """JSON nested deeper than Python's parser goes: it is JSON, but it cannot be read."""
+
+
 def parse(raw: bytes | str) -> Any:
-    """``raw`` parsed as JSON. Raises ``ValueError`` when it is not JSON (a ``RecursionError`` for nesting
-    deeper than Python's parser goes is one too: the answer cannot be read)."""
+    """``raw`` parsed as JSON. Raises ``ValueError`` when it is not JSON, :class:`TooDeep` (one too) when it
+    nests deeper than Python's parser goes."""
     try:
         return json.loads(raw)
     except RecursionError:
-        raise ValueError("nested too deep to parse") from None
+        raise TooDeep("the answer is nested too deep to parse") from None
+
+
+def answer_from(raw: bytes) -> Answer | None:
+    """The record of the answer whose JSON text is ``raw``; None when ``raw`` is not JSON (the proxy answers
+    that with a 502). Never raises."""
+    try:
+        value = parse(raw)
+    except TooDeep as exc:  # JSON all the same: the agent gets it, the record says why it is not trainable
+        return Answer(response=raw_response(raw), problem=str(exc))
+    except ValueError:
+        return None
+    return read_answer(value, raw)
 
 
 def read_answer(value: Any, raw: bytes | str) -> Answer:

@@ -51,13 +51,15 @@ class ProxiedCall:
         request: dict[str, Any],
         resources: ResourcesUpdate | None,
         sent: dict[str, Any] | None = None,
+        *,
+        llm_resource: str | None = None,
     ) -> None:
         self.recorder = recorder
         self.rollout_id, self.attempt_id, self.kind, self.request = rollout_id, attempt_id, kind, request
         self.resources = resources
         self.sent = request if sent is None else sent
         """The request as the upstream got it (the resource's sampling defaults and cap applied)."""
-        self.llm_resource: str | None = None
+        self.llm_resource = llm_resource
         """The name of the llm resource that served the call (None: the server's fallback upstream)."""
         self.started = time.time()
         self.span_id = secrets.token_hex(8)

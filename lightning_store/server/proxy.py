@@ -13,7 +13,6 @@ the agent with its status and is recorded as an error span.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,8 +23,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from lightning_store.contract import LightningStore
 from lightning_store.errors import InvalidRequestError, NotFoundError
-from lightning_store.resources import LLM, ProxyLLM, ResourcesUpdate
-from lightning_store.server.answers import Answer, raw_response, read_answer
+from lightning_store.resources import LLM, ResourcesUpdate
+from lightning_store.server.answers import answer_from
 from lightning_store.server.json_body import CheckedJsonRoute
 from lightning_store.server.proxied_call import ProxiedCall
 from lightning_store.server.routes_rollouts import Store
@@ -79,8 +78,9 @@ async def forward(
     if llm is None:
         return no_upstream(rollout_id)
     upstream_body = _with_token_ids(body, kind, llm, by_name=name is not None and body.get("model") == name)
-    call = ProxiedCall(request.app.state.recorder, rollout_id, attempt_id, kind, body, resources, upstream_body)
-    call.llm_resource = name
+    call = ProxiedCall(
+        request.app.state.recorder, rollout_id, attempt_id, kind, body, resources, upstream_body, llm_resource=name
+    )
     http: aiohttp.ClientSession = request.app.state.upstream_http
     url = f"{llm.endpoint.rstrip('/')}/{kind}"
     headers = {"Authorization": f"Bearer {llm.api_key}"} if llm.api_key else {}
@@ -95,14 +95,11 @@ async def forward(
     if status >= 400:
         call.record_error(status, content.decode(errors="replace"))
         return Response(content, status_code=status, media_type=content_type)
-    try:
-        data = json.loads(content)
-    except RecursionError:  # JSON, nested deeper than Python parses: the agent gets it, the record says so
-        data = None
-    except ValueError:
+    answer = answer_from(content)  # what the record keeps; the agent gets the bytes as sent
+    if answer is None:
         call.record_error(502, f"not JSON: {content[:200].decode(errors='replace')}")
         return JSONResponse({"detail": "the upstream's answer is not JSON", "error_type": "UpstreamError"}, 502)
-    call.record(read_answer(data, content) if data is not None else _too_deep(content))
+    call.record(answer)
     return Response(content, status_code=status, media_type=content_type)  # the upstream's bytes, unchanged
 
 
@@ -149,10 +146,6 @@ def upstream_client(timeout: float) -> aiohttp.ClientSession:
     )
 
 
-def _too_deep(content: bytes) -> Answer:
-    return Answer(response=raw_response(content), problem="the answer is nested too deep to parse")
-
-
 def _unreachable(call: ProxiedCall, exc: BaseException) -> Response:
     reason = str(exc) or type(exc).__name__
     call.record_error(502, reason)
@@ -169,19 +162,16 @@ def choose_llm(
     order (which Postgres's jsonb does not keep as written: it orders keys by length)."""
     llms = sorted(
         (
-            (name, LLM.model_validate(resource.model_dump()))
+            (name, resource)
             for name, resource in (resources.resources.items() if resources is not None else ())
-            if isinstance(resource, LLM | ProxyLLM) and resource.resource_type == "llm"
+            if isinstance(resource, LLM)  # a proxy_llm resource is the proxy itself, never an upstream
         ),
         key=lambda named: named[0] != MAIN_LLM,
     )
-    for name, llm in llms:
-        if name == requested:
-            return name, llm
-    for name, llm in llms:
-        if llm.model == requested:
-            return name, llm
-    return llms[0] if llms else (None, fallback)
+    by_name = next((named for named in llms if named[0] == requested), None)
+    by_model = next((named for named in llms if named[1].model == requested), None)
+    chosen = by_name or by_model or (llms[0] if llms else None)
+    return chosen if chosen is not None else (None, fallback)
 
 
 def _with_token_ids(body: dict[str, Any], kind: str, llm: LLM, *, by_name: bool = False) -> dict[str, Any]:

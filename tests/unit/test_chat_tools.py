@@ -20,6 +20,16 @@ ADD = {
     },
 }
 MESSAGES = [{"role": "system", "content": "Be exact."}, {"role": "user", "content": "What is 2 + 3?"}]
+HISTORY = [
+    *MESSAGES,
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2}'}}],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "5"},
+]
+"""A conversation with one earlier tool call and its result."""
 
 
 def body(**extra: Any) -> dict[str, Any]:
@@ -57,30 +67,14 @@ def test_tools_are_written_into_the_system_message_for_a_template_that_does_not_
 
 
 def test_a_template_that_takes_tools_gets_them_with_arguments_as_objects() -> None:
-    history = [
-        *MESSAGES,
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2}'}}],
-        },
-        {"role": "tool", "tool_call_id": "c1", "content": "5"},
-    ]
+    history = HISTORY
     plan = plan_chat({"messages": history, "tools": [ADD]}, template_takes_tools=True)
     assert plan.tools == [ADD] and plan.messages[2]["tool_calls"][0]["function"]["arguments"] == {"a": 2}
     assert plan.messages[3] == history[3]
 
 
 def test_earlier_calls_and_results_are_written_as_hermes_text_for_a_plain_template() -> None:
-    history = [
-        *MESSAGES,
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2}'}}],
-        },
-        {"role": "tool", "tool_call_id": "c1", "content": "5"},
-    ]
+    history = HISTORY
     plan = plan_chat({"messages": history, "tools": [ADD]}, template_takes_tools=False)
     assert plan.messages[2] == {
         "role": "assistant",
