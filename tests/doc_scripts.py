@@ -31,6 +31,25 @@ def outputs(text: str, marker: str, count: int) -> list[str]:
     return [found.get(i, "") for i in range(count)]
 
 
+def page_commands(page: Path) -> list[str]:
+    """A docs page's shell commands (its ``bash`` blocks) in order, a ``\\``-continued line joined and a heredoc
+    kept whole with its body."""
+    commands: list[str] = []
+    for block in re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.DOTALL):
+        lines = block.replace("\\\n", " ").splitlines()
+        while lines:
+            line = lines.pop(0)
+            if not line.strip():
+                continue
+            heredoc = re.search(r"<<'(\w+)'", line)
+            if heredoc:
+                end = lines.index(heredoc.group(1))
+                line = "\n".join([line, *lines[: end + 1]])
+                del lines[: end + 1]
+            commands.append(line)
+    return commands
+
+
 def run_commands(
     commands: list[str], ready: Mapping[str, str], *, cwd: Path, env: Mapping[str, str], timeout: float
 ) -> list[str]:

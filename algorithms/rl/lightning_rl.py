@@ -24,8 +24,12 @@ from algorithms.session import DEFAULT_MAX_STEPS, MetricsLog, ServedPolicy, Trai
 from algorithms.training import checkpoints
 from lightning_store import aio
 from lightning_store.models import RolloutConfig
+from lightning_store.resources import LLM
 
 logger = logging.getLogger(__name__)
+
+SKIPPED_EPISODES = ("not_found", "not_succeeded", "no_llm_calls", "no_reward")
+"""The adapter's reasons that leave a whole rollout out (its other reasons count LLM calls)."""
 
 if TYPE_CHECKING:
     import torch
@@ -97,6 +101,13 @@ class LightningRLConfig(AlgorithmConfig):
     seed: int = Field(0, description="Seed of task sampling and mini-batch shuffling.")
     eval_every: int = Field(0, ge=0, description="Evaluate on the validation tasks every N steps (0: first/last).")
     eval_repeats: int = Field(4, ge=1, description="Rollouts per validation task in an evaluation.")
+    max_tokens_cap: int | None = Field(
+        None,
+        ge=1,
+        description="The most tokens an agent's LLM call may ask of the policy (a larger `max_tokens` is lowered "
+        "to it by the proxy, and a call that names none gets it): framework agents ask for 2,048 where a small "
+        "model on a CPU should write a few dozen (None: no cap).",
+    )
 
 
 class LightningRL(Algorithm):
@@ -105,6 +116,10 @@ class LightningRL(Algorithm):
     Config: ClassVar[type[AlgorithmConfig]] = LightningRLConfig
     config: LightningRLConfig
     value_head: ClassVar[bool] = False
+
+    def _policy_llm(self, session: TrainingSession) -> LLM:
+        """The LLM resource of the served policy, with this run's ``max_tokens_cap``."""
+        return _served(session).llm().model_copy(update={"max_tokens_cap": self.config.max_tokens_cap})
 
     @abstractmethod
     def advantages(self, transitions: list[Transition], rollouts: Rollouts) -> Estimate:
@@ -157,7 +172,7 @@ class LightningRL(Algorithm):
         store = session.store
         # The store's version of the policy resources is what the proxy stamps on each LLM call: staleness is
         # measured against it (it keeps counting across runs on the same store).
-        published = await collect.publish_policy(store, _served(session).llm())
+        published = await collect.publish_policy(store, self._policy_llm(session))
         log = await MetricsLog.start(store, self.name, c.model_dump())
         log.on_step = session.on_step
         run_id = log.run.rollout_id  # every rollout the run enqueues names it (metadata.training_run_id)
@@ -209,7 +224,7 @@ class LightningRL(Algorithm):
                     logger.warning("step %d trained nothing: %s", step + 1, _why_untrained(adapted.skipped, rewards))
                 else:
                     await tensor_thread.run(_serve, session, policy, step + 1)
-                    published = await collect.publish_policy(store, _served(session).llm())
+                    published = await collect.publish_policy(store, self._policy_llm(session))
                 finished = time.perf_counter()
                 metrics |= {
                     "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
@@ -218,7 +233,8 @@ class LightningRL(Algorithm):
                     "transitions": float(len(transitions)),
                     "stale_dropped": float(stale),
                     "staleness_max": float(max(lags, default=0)),
-                    "skipped_episodes": float(sum(v for k, v in adapted.skipped.items() if k != "other_agent_calls")),
+                    "skipped_episodes": float(sum(adapted.skipped.get(k, 0) for k in SKIPPED_EPISODES)),
+                    "other_agent_calls": float(adapted.skipped.get("other_agent_calls", 0)),
                     "collect_seconds": collected - started,
                     "adapt_seconds": adapted_at - collected,
                     "train_seconds": updated - adapted_at,

@@ -15,7 +15,9 @@ not parse stays in the content. With at least one call the finish reason is ``to
 
 **tool_choice.** ``none``: the tools are not offered and nothing is parsed. ``auto`` (the default): the model
 decides. ``required``, or ``{"type": "function", "function": {"name": N}}``: the reply is started for the model
-with ``<tool_call>\\n{"name": "`` (or ``…"N", "arguments": ``). That start is part of the prompt: the recorded
+with ``<tool_call>\\n{"name": "``, or, when the call is decided (named, or ``required`` with one tool offered),
+with ``…"N", "arguments": {"K": "`` (``K`` the schema's first required argument, the quote when it is a string):
+the text vLLM's guided decoding would force. That start is part of the prompt: the recorded
 prompt token ids end with it, and the response token ids are exactly what the model produced after it.
 
 **stop.** Up to four strings; generation ends once the text holds one of them, the content ends before it, and
@@ -58,6 +60,9 @@ class ChatPlan:
     parse_calls: bool = False
     stop: tuple[str, ...] = field(default_factory=tuple)
     check: OutputCheck | None = None
+    arguments_start: str | None = None
+    """For a decided call: the part of ``reply_start`` that begins its arguments (generation ends when they are a
+    complete JSON value, and :func:`close_decided_call` closes the call)."""
 
 
 def plan_chat(body: dict[str, Any], template_takes_tools: bool) -> ChatPlan:
@@ -81,26 +86,61 @@ def _plan_tools(body: dict[str, Any], template_takes_tools: bool) -> ChatPlan:
             messages = _hermes_history(messages)
         return ChatPlan(messages, stop=stop)
     names = [t["function"]["name"] for t in tools]
+    decided: dict[str, Any] | None = None
     if choice == "auto":
         start = ""
+    elif choice == "required" and len(names) == 1:
+        decided = tools[0]["function"]  # the one valid call (vLLM's guided decoding forces it)
     elif choice == "required":
         start = CALL_START
     elif isinstance(choice, dict) and isinstance((choice.get("function") or {}).get("name"), str):
         name = choice["function"]["name"]
         if name not in names:
             raise SamplingError("tool_choice", f"names the function {name!r}, which tools does not offer")
-        start = f'{CALL_START}{name}", "arguments": '
+        decided = next(t["function"] for t in tools if t["function"]["name"] == name)
     else:
         raise SamplingError("tool_choice", 'must be "none", "auto", "required" or {"type": "function", …}')
+    arguments = None
+    if decided is not None:
+        start = forced_call_start(decided)
+        arguments = start[start.index('"arguments": ') + len('"arguments": ') :]
     if template_takes_tools:
-        return ChatPlan(messages, tools=tools, reply_start=start, parse_calls=True, stop=stop)
+        return ChatPlan(
+            messages, tools=tools, reply_start=start, parse_calls=True, stop=stop, arguments_start=arguments
+        )
     described = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
     return ChatPlan(
         _with_system(_hermes_history(messages), HERMES_SYSTEM.format(tools=described)),
         reply_start=start,
         parse_calls=True,
         stop=stop,
+        arguments_start=arguments,
     )
+
+
+def forced_call_start(function: dict[str, Any]) -> str:
+    """The start of a call to ``function`` that the model must make: its name, and the arguments' first required
+    key (with the opening quote of a string value) when the schema names one, which is as far as the schema
+    decides the text without a choice; a small model otherwise often writes arguments that are not an object."""
+    start = f'{CALL_START}{function["name"]}", "arguments": '
+    parameters = function.get("parameters")
+    required = parameters.get("required") if isinstance(parameters, dict) else None
+    if not isinstance(required, list) or not required or not isinstance(required[0], str):
+        return start
+    first = (parameters.get("properties") or {}).get(required[0])  # type: ignore[union-attr]
+    quote = '"' if isinstance(first, dict) and first.get("type") == "string" else ""
+    return f"{start}{{{json.dumps(required[0])}: {quote}"
+
+
+def close_decided_call(arguments_start: str, text: str) -> str:
+    """The model's ``text`` after a decided call's start, closed: once ``arguments_start + text`` begins with a
+    complete JSON value (where the stop rule ends generation), what follows it is replaced by the call's closing
+    ``}`` and tag, so the call parses; otherwise ``text`` as it is (cut off: the call stays in the content)."""
+    try:
+        _, end = json.JSONDecoder().raw_decode(arguments_start + text)
+    except ValueError:
+        return text
+    return text[: end - len(arguments_start)] + "}\n</tool_call>"
 
 
 def stop_strings(value: Any) -> tuple[str, ...]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.doc_scripts import run_commands
+from tests.doc_scripts import page_commands, run_commands
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -26,25 +26,6 @@ READY = {
     " 2>/dev/null; do sleep 0.2; done",
     "store policy serve": "until grep -q '^serving ' policy.log; do sleep 0.2; done",
 }
-
-
-def page_commands() -> list[str]:
-    """The page's shell commands in order (a ``\\``-continued line joined; a heredoc kept whole)."""
-    text = PAGE.read_text()
-    commands: list[str] = []
-    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL):
-        lines = block.replace("\\\n", " ").splitlines()
-        while lines:
-            line = lines.pop(0)
-            if not line.strip():
-                continue
-            heredoc = re.search(r"<<'(\w+)'", line)
-            if heredoc:
-                end = lines.index(heredoc.group(1))
-                line = "\n".join([line, *lines[: end + 1]])
-                del lines[: end + 1]
-            commands.append(line)
-    return commands
 
 
 def page_files() -> dict[str, str]:
@@ -62,7 +43,7 @@ def test_the_page_runs_as_written_and_shows_what_it_says(tmp_path: Path) -> None
     for name, source in page_files().items():
         (tmp_path / name).write_text(source)
     assert "my_agent.py" in page_files()
-    commands = page_commands()
+    commands = page_commands(PAGE)
     assert [c.split()[:2] for c in commands[:2]] == [["store", "serve"], ["python", "-m"]], commands
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     for name in ("LIGHTNING_STORE_DATABASE_URL", "LIGHTNING_STORE_URL", "LIGHTNING_STORE_TOKEN"):

@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 
 from algorithms.serving.batching import SamplingError
-from algorithms.serving.chat_tools import CALL_START, cut_at_stop, parse_tool_calls, plan_chat, stop_strings
+from algorithms.serving.chat_tools import (
+    CALL_START,
+    close_decided_call,
+    cut_at_stop,
+    forced_call_start,
+    parse_tool_calls,
+    plan_chat,
+    stop_strings,
+)
 
 ADD = {
     "type": "function",
@@ -19,6 +27,7 @@ ADD = {
         "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}},
     },
 }
+MUL = {"type": "function", "function": {"name": "mul", "parameters": ADD["function"]["parameters"]}}  # type: ignore[index]
 MESSAGES = [{"role": "system", "content": "Be exact."}, {"role": "user", "content": "What is 2 + 3?"}]
 HISTORY = [
     *MESSAGES,
@@ -93,9 +102,32 @@ def test_earlier_calls_and_results_are_written_as_hermes_text_for_a_plain_templa
     ],
 )
 def test_tool_choice(choice: Any, start: str, parsed: bool) -> None:
-    plan = plan_chat(body(tools=[ADD], tool_choice=choice), template_takes_tools=False)
+    plan = plan_chat(body(tools=[ADD, MUL], tool_choice=choice), template_takes_tools=False)
     assert (plan.reply_start, plan.parse_calls) == (start, parsed)
     assert ("# Tools" in plan.messages[0]["content"]) is parsed
+
+
+def test_required_with_one_tool_offered_starts_its_call() -> None:
+    """The only call the reply may make (a small model otherwise names tools that do not exist)."""
+    plan = plan_chat(body(tools=[ADD], tool_choice="required"), template_takes_tools=False)
+    assert plan.reply_start == f'{CALL_START}add", "arguments": '
+
+
+def test_a_decided_call_starts_with_its_first_required_argument() -> None:
+    search = {
+        "name": "search",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+    }
+    count = {"name": "count", "parameters": {"properties": {"n": {"type": "integer"}}, "required": ["n"]}}
+    plan = plan_chat(body(tools=[{"type": "function", "function": search}], tool_choice="required"), False)
+    assert plan.reply_start == f'{CALL_START}search", "arguments": {{"query": "'
+    assert forced_call_start(count) == f'{CALL_START}count", "arguments": {{"n": '
+    assert plan.arguments_start == '{"query": "'
+    # Generation ends once the arguments are complete; what follows is replaced by the call's closing.
+    closed = close_decided_call(plan.arguments_start, 'Ostrel"}"}\n<tool_call>{"name": "other"')
+    content, [call] = parse_tool_calls(plan.reply_start + closed)
+    assert content is None and json.loads(call["function"]["arguments"]) == {"query": "Ostrel"}
+    assert close_decided_call(plan.arguments_start, "Ostr") == "Ostr"  # cut off: left as it is
 
 
 @pytest.mark.parametrize(

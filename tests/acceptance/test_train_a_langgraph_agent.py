@@ -1,0 +1,96 @@
+"""docs/how-to/train-a-langgraph-agent.md works as written, and the LangGraph SQL agent of ``examples/sql_agent``
+is recorded as the issue asks: every LLM call with its token ids (one record per call LangChain made), every
+``run_sql`` call a tool span with its input and output, each node a span named after it, the reward stored; then
+one GRPO step trains the writer's and the rewriter's calls and leaves the checker's out.
+
+Real parts throughout: ``store serve`` on SQLite, the built-in policy server on SmolLM2-135M-Instruct, ``store run``
+worker processes with LangGraph and the OpenInference instrumentation, ``store train``."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.smollm2 import available as smollm2_available
+from tests.doc_scripts import page_commands, run_commands
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(1200),
+    pytest.mark.skipif(not smollm2_available(), reason="the page needs the train and smollm2 extras"),
+]
+pytest.importorskip("langgraph.graph")
+
+ROOT = Path(__file__).parents[2]
+PAGE = ROOT / "docs" / "how-to" / "train-a-langgraph-agent.md"
+READY = {
+    "store serve": "until python -c \"import httpx; httpx.get('http://127.0.0.1:4792/v1/agl/health').raise_for_status()\""
+    " 2>/dev/null; do sleep 0.2; done",
+}
+NODES = ("write_query", "check_query", "rewrite_query")
+
+
+def rows(database: Path, query: str) -> list[dict[str, Any]]:
+    with sqlite3.connect(database) as connection:
+        connection.row_factory = sqlite3.Row
+        return [dict(row) for row in connection.execute(query)]
+
+
+def test_the_page_runs_as_written_and_the_agent_is_recorded_and_trained_selectively(tmp_path: Path) -> None:
+    for package in ("examples", "bench"):
+        (tmp_path / package).symlink_to(ROOT / package)
+    commands = page_commands(PAGE)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    for name in ("LIGHTNING_STORE_DATABASE_URL", "LIGHTNING_STORE_URL", "LIGHTNING_STORE_TOKEN"):
+        env.pop(name, None)
+    out = run_commands(commands, READY, cwd=tmp_path, env=env, timeout=1100)
+
+    def said(prefix: str) -> str:
+        return next(text for command, text in zip(commands, out, strict=True) if command.startswith(prefix))
+
+    # Steps 3-4: the LLM registered with its cap, four rollouts run and succeeded.
+    assert re.fullmatch(r"rs-\w+\n", said("store resources set-llm")), said("store resources set-llm")
+    assert json.loads(said("store run").strip().splitlines()[-1]) == {"summary": {"succeeded": 4}, "worker_restarts": 0}
+
+    # Step 5, from the store's file: the spans LangChain's instrumentation wrote, one per node run and tool call.
+    store = tmp_path / "lightning_store.db"
+    spans = {r["name"]: r["n"] for r in rows(store, "SELECT name, count(*) AS n FROM spans GROUP BY name")}
+    assert spans["write_query"] == spans["check_query"] == 4  # a check after each first query
+    rewrites = spans.get("rewrite_query", 0)
+    assert rewrites >= 3, spans  # the page: an untrained checker (almost) never answers CORRECT
+    assert spans["run_sql"] == 4 + rewrites and spans["ChatOpenAI"] == 8 + rewrites
+    # The proxy recorded exactly the calls LangChain made, each with its token ids.
+    calls = rows(store, "SELECT prompt_token_ids, response_token_ids, error FROM llm_calls_v")
+    assert len(calls) == spans["ChatOpenAI"]
+    assert all(json.loads(c["prompt_token_ids"]) and json.loads(c["response_token_ids"]) for c in calls)
+    assert all(c["error"] is None for c in calls)
+    tools = rows(store, "SELECT attributes FROM spans WHERE name = 'run_sql'")
+    for tool in tools:
+        attributes = json.loads(tool["attributes"])
+        assert json.loads(attributes["input.value"])["db_id"] in ("shop", "library", "school")
+        assert attributes["output.value"], attributes  # rows, "(no rows)" or the SQLite error
+    assert len(rows(store, "SELECT * FROM rewards_v")) == 4
+    # ... and what the page shows of it.
+    transcript = said("store rollouts transcript shop-036")
+    assert "tool run_sql" in transcript and '"db_id": "shop"' in transcript and "reward" in transcript
+    shown = said('store sql "SELECT name, count(*)')
+    for name in (*NODES[:2], "run_sql", "ChatOpenAI"):
+        assert re.search(rf"\b{name}\b", shown), shown
+    assert re.search(rf"\b{len(calls)}\b", said('store sql "SELECT count(*) AS calls'))
+
+    # Step 6: one step ran; the checker's calls (one per rollout) were recorded and not trained, the writer's and
+    # the rewriter's were the step's transitions.
+    lines = [json.loads(line) for line in said("store train").splitlines() if line.startswith("{")]
+    step = next(line for line in lines if line.get("event") == "step" and line["step"] == 1)
+    assert lines[-1]["event"] == "summary" and lines[-1]["steps_run"] == 1
+    assert step["rollouts"] == 16 and step["other_agent_calls"] == 16
+    trained_store = tmp_path / "runs" / "sql" / "store.db"
+    step_calls = rows(trained_store, "SELECT count(*) AS n FROM llm_calls_v WHERE mode = 'train'")[0]["n"]
+    assert step["transitions"] == step_calls - 16 >= 16
