@@ -57,9 +57,7 @@ def search(query: str) -> str:
         query: The words to look for, e.g. a name.
     """
     asked = set(words(query))
-    scored = sorted(
-        documents(), key=lambda d: -sum(idf().get(w, 0.0) for w in asked.intersection(words(d["text"])))
-    )
+    scored = sorted(documents(), key=lambda d: -sum(idf().get(w, 0.0) for w in asked.intersection(words(d["text"]))))
     return "\n".join(document["text"] for document in scored[:2])
 
 

@@ -50,10 +50,7 @@ def build(seed: int = SEED) -> tuple[list[dict[str, str]], list[dict[str, object
             {"title": c, "text": f"{c} is a company founded in {y}. {c} has its headquarters in {h}."}
             for c, (h, y) in companies.items()
         ),
-        *(
-            {"title": p, "text": f"{p} was born in {b}. {p} works for {e}."}
-            for p, (b, e) in people.items()
-        ),
+        *({"title": p, "text": f"{p} was born in {b}. {p} works for {e}."} for p, (b, e) in people.items()),
     ]
     questions: list[dict[str, object]] = []
     for person, (born, employer) in people.items():
@@ -61,10 +58,16 @@ def build(seed: int = SEED) -> tuple[list[dict[str, str]], list[dict[str, object
             {"question": f"Where was {person} born?", "answer": born, "hops": 1},
             {"question": f"Which company does {person} work for?", "answer": employer, "hops": 1},
             {"question": f"In which country was {person} born?", "answer": cities[born], "hops": 2},
-            {"question": f"In which year was the company {person} works for founded?",
-             "answer": str(companies[employer][1]), "hops": 2},
-            {"question": f"In which city does the company {person} works for have its headquarters?",
-             "answer": companies[employer][0], "hops": 2},
+            {
+                "question": f"In which year was the company {person} works for founded?",
+                "answer": str(companies[employer][1]),
+                "hops": 2,
+            },
+            {
+                "question": f"In which city does the company {person} works for have its headquarters?",
+                "answer": companies[employer][0],
+                "hops": 2,
+            },
         ]
     for company, (city, year) in companies.items():
         questions += [
