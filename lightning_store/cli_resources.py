@@ -69,6 +69,13 @@ def set_llm(
             min=1, help="The most tokens a call through the proxy may ask for (a larger max_tokens is lowered)."
         ),
     ] = None,
+    force: Annotated[
+        str | None,
+        typer.Option(
+            help="Request fields the proxy sets on every call, replacing the agent's, a JSON object: "
+            '{"tool_choice": "required"}.'
+        ),
+    ] = None,
     base: From = None,
     empty: Empty = False,
     into: Into = None,
@@ -81,12 +88,14 @@ def set_llm(
     if parts.scheme not in ("http", "https") or not parts.hostname:
         fail(what, f"{url!r} is not an http(s) URL (e.g. http://127.0.0.1:8000/v1)", 2)
     parameters = _json_object(what, "--sampling", sampling) if sampling is not None else {}
+    forced = _json_object(what, "--force", force) if force is not None else None
     llm = LLM(
         endpoint=url,
         model=_text(what, "--model", model),
         api_key=api_key,
         sampling_parameters=parameters,
         max_tokens_cap=max_tokens_cap,
+        forced_parameters=forced,
     )
 
     def change(named: dict[str, ResourceUnion]) -> None:

@@ -48,6 +48,12 @@ class LLM(BaseModel):
         "(or `max_completion_tokens`) is lowered to it, and a call that asks for none gets it. For agents that ask "
         "for thousands of tokens where a small model on a CPU should write a few dozen.",
     )
+    forced_parameters: SkipJsonSchema[dict[str, Any] | None] = Field(
+        default=None,
+        description="Request fields the store's proxy sets on every call to this LLM, replacing what the agent "
+        'asked: `{"tool_choice": "required"}` for a framework that always asks `auto` (AutoGen), where a small '
+        "model left to choose never calls its tool.",
+    )
 
 
 class ProxyLLM(BaseModel):

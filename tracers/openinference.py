@@ -1,4 +1,5 @@
-"""Zero-code-change capture of LangChain and OpenAI Agents SDK agents with OpenInference (the ``openinference`` extra).
+"""Zero-code-change capture of LangChain, OpenAI Agents SDK and AutoGen agents with OpenInference (the
+``openinference`` extra).
 
 Contract of :func:`instrument`:
 
@@ -29,12 +30,13 @@ import importlib
 import logging
 import sys
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan
 
 from lightning_store.settings import RunnerSettings
 from tracers import provider
@@ -54,6 +56,18 @@ class Framework:
     """The framework's top-level import name (``auto`` instruments frameworks already imported)."""
     options: Mapping[str, Any] = field(default_factory=dict)
     """Keyword arguments of ``instrument()`` besides the tracer provider."""
+    duplicate: Callable[[ReadableSpan], bool] | None = None
+    """The framework's own spans that the instrumentation records again: not written once it is instrumented."""
+
+
+def autogen_tool_span(span: ReadableSpan) -> bool:
+    """AutoGen's own ``execute_tool`` span (its GenAI telemetry): no input, no output, status UNSET; the
+    OpenInference instrumentation's tool span for the same call has all three."""
+    scope = span.instrumentation_scope
+    attributes = span.attributes or {}
+    return (
+        scope is not None and scope.name == "autogen-core" and attributes.get("gen_ai.operation.name") == "execute_tool"
+    )
 
 
 FRAMEWORKS: dict[str, Framework] = {
@@ -69,6 +83,13 @@ FRAMEWORKS: dict[str, Framework] = {
         "openinference.instrumentation.openai_agents:OpenAIAgentsInstrumentor",
         "agents",
         {"exclusive_processor": True},
+    ),
+    "autogen": Framework(
+        "autogen-agentchat",
+        "openinference-instrumentation-autogen-agentchat",
+        "openinference.instrumentation.autogen_agentchat:AutogenAgentChatInstrumentor",
+        "autogen_agentchat",
+        duplicate=autogen_tool_span,
     ),
 }
 
@@ -136,6 +157,8 @@ def _instrument_one(name: str, tracer_provider: trace.TracerProvider, *, strict:
                     f"{metadata.version(framework.library)} (too old for it?)"
                 )
             logger.info("instrumented %s with OpenInference", name)
+        if framework.duplicate is not None:
+            provider.install().skip(framework.duplicate)
     except (ImportError, RuntimeError) as error:
         if strict:
             raise

@@ -9,6 +9,7 @@ binding's sink. If the application already installed an SDK provider, the router
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -27,7 +28,16 @@ class AttemptRouter(SpanProcessor):
 
     def __init__(self) -> None:
         self._sinks: dict[tuple[int, int], SpanProcessor] = {}
+        self._skips: list[Callable[[ReadableSpan], bool]] = []
         self._lock = threading.Lock()
+
+    def skip(self, duplicate: Callable[[ReadableSpan], bool]) -> None:
+        """Write no span for which ``duplicate`` is true (a framework's own span that an instrumentation records
+        again, better): e.g. AutoGen's ``execute_tool`` spans, which carry no input or output, where the
+        OpenInference AutoGen instrumentation records each tool call with both."""
+        with self._lock:
+            if duplicate not in self._skips:
+                self._skips.append(duplicate)
 
     def on_start(self, span: Span, parent_context: otel_context.Context | None = None) -> None:
         binding = current_binding()
@@ -42,7 +52,8 @@ class AttemptRouter(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         with self._lock:
             sink = self._sinks.pop(_key(span), None)
-        if sink is not None:
+            skips = tuple(self._skips)
+        if sink is not None and not any(duplicate(span) for duplicate in skips):
             sink.on_end(span)
 
     def shutdown(self) -> None:

@@ -108,6 +108,12 @@ class LightningRLConfig(AlgorithmConfig):
         "to it by the proxy, and a call that names none gets it): framework agents ask for 2,048 where a small "
         "model on a CPU should write a few dozen (None: no cap).",
     )
+    forced_parameters: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Request fields the proxy sets on every call to the policy, replacing the agent's: "
+        '`{"tool_choice": "required"}` for a framework that always asks `auto` (AutoGen), where a small model left'
+        " to choose never calls its tool.",
+    )
 
 
 class LightningRL(Algorithm):
@@ -118,8 +124,13 @@ class LightningRL(Algorithm):
     value_head: ClassVar[bool] = False
 
     def _policy_llm(self, session: TrainingSession) -> LLM:
-        """The LLM resource of the served policy, with this run's ``max_tokens_cap``."""
-        return _served(session).llm().model_copy(update={"max_tokens_cap": self.config.max_tokens_cap})
+        """The LLM resource of the served policy, with this run's ``max_tokens_cap`` and ``forced_parameters``."""
+        forced = self.config.forced_parameters or None
+        return (
+            _served(session)
+            .llm()
+            .model_copy(update={"max_tokens_cap": self.config.max_tokens_cap, "forced_parameters": forced})
+        )
 
     @abstractmethod
     def advantages(self, transitions: list[Transition], rollouts: Rollouts) -> Estimate:

@@ -60,9 +60,19 @@ class ChatPlan:
     parse_calls: bool = False
     stop: tuple[str, ...] = field(default_factory=tuple)
     check: OutputCheck | None = None
-    arguments_start: str | None = None
-    """For a decided call: the part of ``reply_start`` that begins its arguments (generation ends when they are a
-    complete JSON value, and :func:`close_decided_call` closes the call)."""
+    decided: DecidedCall | None = None
+    """The call the reply must be (``reply_start`` is its start)."""
+
+
+@dataclass(frozen=True)
+class DecidedCall:
+    """A tool call decided before the model writes (a named ``tool_choice``, or ``required`` with one tool): how
+    its text is begun for the model, the JSON text the model's text completes (generation ends once ``completes``
+    + the text is a complete JSON value), and the text that then closes the call."""
+
+    start: str
+    completes: str
+    closing: str
 
 
 def plan_chat(body: dict[str, Any], template_takes_tools: bool) -> ChatPlan:
@@ -100,47 +110,48 @@ def _plan_tools(body: dict[str, Any], template_takes_tools: bool) -> ChatPlan:
         decided = next(t["function"] for t in tools if t["function"]["name"] == name)
     else:
         raise SamplingError("tool_choice", 'must be "none", "auto", "required" or {"type": "function", …}')
-    arguments = None
-    if decided is not None:
-        start = forced_call_start(decided)
-        arguments = start[start.index('"arguments": ') + len('"arguments": ') :]
+    call = decided_call(decided) if decided is not None else None
+    start = call.start if call is not None else start
     if template_takes_tools:
-        return ChatPlan(
-            messages, tools=tools, reply_start=start, parse_calls=True, stop=stop, arguments_start=arguments
-        )
+        return ChatPlan(messages, tools=tools, reply_start=start, parse_calls=True, stop=stop, decided=call)
     described = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
     return ChatPlan(
         _with_system(_hermes_history(messages), HERMES_SYSTEM.format(tools=described)),
         reply_start=start,
         parse_calls=True,
         stop=stop,
-        arguments_start=arguments,
+        decided=call,
     )
 
 
-def forced_call_start(function: dict[str, Any]) -> str:
-    """The start of a call to ``function`` that the model must make: its name, and the arguments' first required
-    key (with the opening quote of a string value) when the schema names one, which is as far as the schema
-    decides the text without a choice; a small model otherwise often writes arguments that are not an object."""
+def decided_call(function: dict[str, Any]) -> DecidedCall:
+    """How a call to ``function`` that the model must make is begun and closed. Begun with its name and, when the
+    schema requires an argument, that argument's key (and the opening quote of a string value): as far as the
+    schema decides the text without a choice. When that argument is the only property and a string, the model
+    writes the string alone and the call is closed after it (no other key is allowed). A small model left to
+    write the arguments often wrote a bare value, a stray quote or keys the schema does not have."""
     start = f'{CALL_START}{function["name"]}", "arguments": '
     parameters = function.get("parameters")
     required = parameters.get("required") if isinstance(parameters, dict) else None
-    if not isinstance(required, list) or not required or not isinstance(required[0], str):
-        return start
-    first = (parameters.get("properties") or {}).get(required[0])  # type: ignore[union-attr]
-    quote = '"' if isinstance(first, dict) and first.get("type") == "string" else ""
-    return f"{start}{{{json.dumps(required[0])}: {quote}"
+    if not isinstance(parameters, dict) or not isinstance(required, list) or not required:
+        return DecidedCall(start, "", "}\n</tool_call>")
+    key, properties = required[0], parameters.get("properties") or {}
+    string = isinstance(properties, dict) and (properties.get(key) or {}).get("type") == "string"
+    begun = f"{{{json.dumps(key)}: " + ('"' if string else "")
+    if string and list(properties) == [key]:
+        return DecidedCall(start + begun, '"', "}}\n</tool_call>")
+    return DecidedCall(start + begun, begun, "}\n</tool_call>")
 
 
-def close_decided_call(arguments_start: str, text: str) -> str:
-    """The model's ``text`` after a decided call's start, closed: once ``arguments_start + text`` begins with a
-    complete JSON value (where the stop rule ends generation), what follows it is replaced by the call's closing
-    ``}`` and tag, so the call parses; otherwise ``text`` as it is (cut off: the call stays in the content)."""
+def close_decided_call(call: DecidedCall, text: str) -> str:
+    """The model's ``text`` after a decided call's start, closed: once ``call.completes + text`` begins with a
+    complete JSON value (where the stop rule ends generation), what follows it is replaced by the call's closing,
+    so the call parses; otherwise ``text`` as it is (cut off: the call stays in the content)."""
     try:
-        _, end = json.JSONDecoder().raw_decode(arguments_start + text)
+        _, end = json.JSONDecoder().raw_decode(call.completes + text)
     except ValueError:
         return text
-    return text[: end - len(arguments_start)] + "}\n</tool_call>"
+    return text[: end - len(call.completes)] + call.closing
 
 
 def stop_strings(value: Any) -> tuple[str, ...]:

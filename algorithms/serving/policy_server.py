@@ -310,7 +310,9 @@ class PolicyServer:
     ) -> tuple[Generation, ChatReply] | JSONResponse:
         """One reply; with a ``response_format``, sampled again until its content passes the check, at most
         ``response_format_tries`` times (a seeded request takes seeds seed, seed + 1, …)."""
-        json_after = plan.reply_start if plan.check is not None else plan.arguments_start
+        json_after = plan.reply_start if plan.check is not None else None
+        if plan.decided is not None:
+            json_after = plan.decided.completes
         generation = await self._answer(prompt_ids, body, plan.stop, json_after)
         if isinstance(generation, JSONResponse):
             return generation
@@ -330,8 +332,8 @@ class PolicyServer:
         if not plan.parse_calls:
             verbatim = not cut and not plan.reply_start
             return ChatReply(plan.reply_start + text, [], generation.finish_reason, verbatim)
-        if plan.arguments_start is not None:
-            text = close_decided_call(plan.arguments_start, text)
+        if plan.decided is not None:
+            text = close_decided_call(plan.decided, text)
         content, calls = parse_tool_calls(plan.reply_start + text)
         verbatim = not cut and not plan.reply_start and not calls
         return ChatReply(content, calls, "tool_calls" if calls else generation.finish_reason, verbatim)

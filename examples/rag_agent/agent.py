@@ -15,38 +15,25 @@ its input and output as spans.
 
 from __future__ import annotations
 
-import json
-import math
-import re
-from collections import Counter
-from functools import cache
+import sys
 from pathlib import Path
 from typing import Any
 
 from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool
 from agents.exceptions import MaxTurnsExceeded
+from agents.mcp import MCPServer, MCPServerStdio, MCPServerStdioParams
 from openai import AsyncOpenAI
 
-CORPUS = Path(__file__).with_name("corpus.jsonl")
+from examples.rag_agent.knowledge import search_documents
+
+ROOT = Path(__file__).parents[2]
+
 INSTRUCTIONS = (
     "You answer questions about people, companies, cities and countries with the search tool's documents only. "
     "Search, then answer with the few words that answer the question, nothing else."
 )
-
-
-def words(text: str) -> list[str]:
-    return re.findall(r"[a-z0-9]+", text.lower())
-
-
-@cache
-def documents() -> list[dict[str, str]]:
-    return [json.loads(line) for line in CORPUS.read_text().splitlines()]
-
-
-@cache
-def idf() -> dict[str, float]:
-    counts = Counter(word for document in documents() for word in set(words(document["text"])))
-    return {word: math.log(len(documents()) / count) for word, count in counts.items()}
+SEARCH_SERVER = MCPServerStdioParams(command=sys.executable, args=["-m", "examples.rag_agent.search_server"], cwd=ROOT)
+"""The same search from an MCP server, over stdio (``search_server.py``)."""
 
 
 @function_tool
@@ -56,16 +43,18 @@ def search(query: str) -> str:
     Args:
         query: The words to look for, e.g. a name.
     """
-    asked = set(words(query))
-    scored = sorted(documents(), key=lambda d: -sum(idf().get(w, 0.0) for w in asked.intersection(words(d["text"]))))
-    return "\n".join(document["text"] for document in scored[:2])
+    return search_documents(query)
 
 
-def research_agent(model: OpenAIChatCompletionsModel, instructions: Any = INSTRUCTIONS) -> Agent[Any]:
+def research_agent(
+    model: OpenAIChatCompletionsModel, instructions: Any = INSTRUCTIONS, mcp_server: MCPServer | None = None
+) -> Agent[Any]:
+    """The agent, its search a ``function_tool``, or the MCP server's ``search`` tool when one is given."""
     return Agent(
         name="researcher",
         instructions=instructions,
-        tools=[search],
+        tools=[] if mcp_server else [search],
+        mcp_servers=[mcp_server] if mcp_server else [],
         model=model,
         model_settings=ModelSettings(tool_choice="required", temperature=0.7),
     )
@@ -88,4 +77,20 @@ async def rag_agent(task: dict[str, Any], llm: LLM) -> float:
             result = await Runner.run(agent, task["question"], max_turns=task.get("max_turns", 4))
         except MaxTurnsExceeded:
             return 0.0  # searched until out of turns without answering
+    return f1(str(result.final_output), task["answer"])
+
+
+@rollout
+async def rag_agent_mcp(task: dict[str, Any], llm: LLM) -> float:
+    """:func:`rag_agent` with its search from the MCP server (a subprocess per rollout)."""
+    async with (
+        AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key or "unused", max_retries=0) as client,
+        MCPServerStdio(params=SEARCH_SERVER, cache_tools_list=True) as server,
+    ):
+        model = OpenAIChatCompletionsModel(model=llm.model, openai_client=client)
+        instructions = lambda context, agent: prompt("instructions", INSTRUCTIONS)  # noqa: E731
+        try:
+            result = await Runner.run(research_agent(model, instructions, server), task["question"], max_turns=4)
+        except MaxTurnsExceeded:
+            return 0.0
     return f1(str(result.final_output), task["answer"])

@@ -176,8 +176,9 @@ def choose_llm(
 
 def _with_token_ids(body: dict[str, Any], kind: str, llm: LLM, *, by_name: bool = False) -> dict[str, Any]:
     """The request as the upstream should get it: token ids and logprobs on, the model named (the resource's,
-    where the request named none or named the resource), ``max_tokens`` within the resource's ``max_tokens_cap``."""
-    upstream = {**llm.sampling_parameters, **body, "return_token_ids": True}
+    where the request named none or named the resource), ``max_tokens`` within the resource's ``max_tokens_cap``,
+    the resource's ``forced_parameters`` over the request's."""
+    upstream = {**llm.sampling_parameters, **body, **(llm.forced_parameters or {}), "return_token_ids": True}
     if (by_name or not upstream.get("model")) and llm.model:  # a resource's name is not its upstream's model
         upstream["model"] = llm.model
     if llm.max_tokens_cap is not None:

@@ -351,3 +351,20 @@ async def test_an_llm_resources_max_tokens_cap_bounds_every_call(
         expected = {k: min(v, 3) for k, v in ask.items()} or {"max_tokens": 3}
         assert {k: sent[k] for k in ("max_tokens", "max_completion_tokens") if k in sent} == expected
         assert call.request is not None and {k: call.request[k] for k in ask} == ask  # as the agent sent it
+
+
+async def test_an_llm_resources_forced_parameters_replace_what_the_agent_asked(
+    proxy: httpx.AsyncClient, sql_store: SqlStore, upstream: str
+) -> None:
+    """A framework that always sends a field (AutoGen's ``tool_choice: auto``) is overridden by the resource's
+    ``forced_parameters``; the record keeps what the agent sent and what the upstream was asked."""
+    llm = LLM(endpoint=f"{upstream}/v1", model="tiny", forced_parameters={"temperature": 0.0, "max_tokens": 2})
+    resources = await sql_store.add_resources({"policy": llm})
+    rollout = await sql_store.start_rollout({"forced": True}, resources_id=resources.resources_id)
+    body = {"messages": MESSAGES, "temperature": 1.0, "max_tokens": 50}
+    assert (await proxy.post(bound(rollout), json=body)).status_code == 200
+    [call] = await recorded(sql_store, rollout.rollout_id)
+    assert call.sampling_parameters is not None
+    assert (call.sampling_parameters["temperature"], call.sampling_parameters["max_tokens"]) == (0.0, 2)
+    assert len(call.response_token_ids) <= 2
+    assert call.request is not None and (call.request["temperature"], call.request["max_tokens"]) == (1.0, 50)

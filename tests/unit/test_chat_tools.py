@@ -13,7 +13,7 @@ from algorithms.serving.chat_tools import (
     CALL_START,
     close_decided_call,
     cut_at_stop,
-    forced_call_start,
+    decided_call,
     parse_tool_calls,
     plan_chat,
     stop_strings,
@@ -113,21 +113,24 @@ def test_required_with_one_tool_offered_starts_its_call() -> None:
     assert plan.reply_start == f'{CALL_START}add", "arguments": '
 
 
-def test_a_decided_call_starts_with_its_first_required_argument() -> None:
-    search = {
-        "name": "search",
-        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
-    }
-    count = {"name": "count", "parameters": {"properties": {"n": {"type": "integer"}}, "required": ["n"]}}
+def test_a_decided_call_starts_with_its_first_required_argument_and_is_closed_when_it_is_complete() -> None:
+    query = {"type": "string"}
+    search = {"name": "search", "parameters": {"properties": {"query": query}, "required": ["query"]}}
     plan = plan_chat(body(tools=[{"type": "function", "function": search}], tool_choice="required"), False)
-    assert plan.reply_start == f'{CALL_START}search", "arguments": {{"query": "'
-    assert forced_call_start(count) == f'{CALL_START}count", "arguments": {{"n": '
-    assert plan.arguments_start == '{"query": "'
-    # Generation ends once the arguments are complete; what follows is replaced by the call's closing.
-    closed = close_decided_call(plan.arguments_start, 'Ostrel"}"}\n<tool_call>{"name": "other"')
+    assert plan.decided is not None and plan.reply_start == f'{CALL_START}search", "arguments": {{"query": "'
+    # The only property, a string: the model writes the string; the call is closed after its closing quote.
+    closed = close_decided_call(plan.decided, 'Ostrel", "more": 1}}\n<tool_call>{"name": "other"')
     content, [call] = parse_tool_calls(plan.reply_start + closed)
     assert content is None and json.loads(call["function"]["arguments"]) == {"query": "Ostrel"}
-    assert close_decided_call(plan.arguments_start, "Ostr") == "Ostr"  # cut off: left as it is
+    assert close_decided_call(plan.decided, "Ostr") == "Ostr"  # cut off: left as it is
+    # Other properties may follow: the arguments object is closed when it is complete.
+    wider = {**search, "parameters": {"properties": {"query": query, "k": {"type": "integer"}}, "required": ["query"]}}
+    decided = decided_call(wider)
+    closed = close_decided_call(decided, 'Ostrel", "k": 2}"}')
+    [call] = parse_tool_calls(decided.start + closed)[1]
+    assert json.loads(call["function"]["arguments"]) == {"query": "Ostrel", "k": 2}
+    count = {"name": "count", "parameters": {"properties": {"n": {"type": "integer"}}, "required": ["n"]}}
+    assert decided_call(count).start == f'{CALL_START}count", "arguments": {{"n": '
 
 
 @pytest.mark.parametrize(
