@@ -20,6 +20,7 @@ from pydantic import Field
 from adapters import Transition, TransitionAdapter, credit_assignment
 from algorithms import collect, tensor_thread
 from algorithms.base import Algorithm, AlgorithmConfig
+from algorithms.ruler import JudgeConfig, judge_groups
 from algorithms.session import DEFAULT_MAX_STEPS, MetricsLog, ServedPolicy, TrainingSession
 from algorithms.training import checkpoints
 from lightning_store import aio
@@ -107,6 +108,12 @@ class LightningRLConfig(AlgorithmConfig):
         description="The most tokens an agent's LLM call may ask of the policy (a larger `max_tokens` is lowered "
         "to it by the proxy, and a call that names none gets it): framework agents ask for 2,048 where a small "
         "model on a CPU should write a few dozen (None: no cap).",
+    )
+    judge: JudgeConfig | None = Field(
+        None,
+        description="A judge LLM that ranks each group's rollouts relative to each other (after RULER) and whose "
+        "scores become their rewards: `{endpoint, model, api_key, rubric, max_tokens, timeout}` "
+        "([algorithms.md](#judge-rewards-ruler)). None: the agents' own rewards.",
     )
     forced_parameters: dict[str, Any] = Field(
         default_factory=dict,
@@ -215,6 +222,7 @@ class LightningRL(Algorithm):
                         store, sampler.draw(), c.group_size, step=step, config=rollout_config, run_id=run_id
                     )
                     await collect.wait_all(store, ids)
+                judged = await judge_groups(store, ids, c.judge, log.run) if c.judge is not None else {}
                 collected = time.perf_counter()
                 session.on_phase(f"training step {step + 1}")
                 adapted = await adapter.read(store, ids)
@@ -253,6 +261,7 @@ class LightningRL(Algorithm):
                     "step_seconds": finished - started,
                     "version": float(published.version),
                     "untrained": float(untrained),
+                    **judged,
                 }
                 last = step + 1 == max_steps
                 if session.val_tasks and (last or (c.eval_every and (step + 1) % c.eval_every == 0)):
