@@ -89,11 +89,13 @@ async def assert_token_ids_recorded(store: SqlStore, rollout_id: str, attempt_id
 
 
 def test_instrument_is_idempotent_and_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert instrument() == ["langchain", "openai-agents"] == instrument_from_settings("auto")
+    pytest.importorskip("autogen_agentchat")  # imported: auto instruments it too
+    assert instrument() == ["langchain", "openai-agents", "autogen"] == instrument_from_settings("auto")
     assert instrument_from_settings(" LangChain, ") == ["langchain"]
     assert instrument_from_settings("none") == []
     # auto instruments only the frameworks the process (the agent's module) has imported.
     monkeypatch.delitem(sys.modules, "agents")
+    monkeypatch.delitem(sys.modules, "autogen_agentchat")
     assert instrument_from_settings("auto") == ["langchain"]
     monkeypatch.undo()
     monkeypatch.setenv("LIGHTNING_STORE_INSTRUMENT", "openai-agents")
