@@ -65,7 +65,9 @@ class JudgeConfig(BaseModel):
     endpoint: str = Field(pattern=r"^https?://", description="OpenAI-compatible base URL (…/v1) of the judge.")
     model: str = Field(min_length=1, description="The judge's model name.")
     api_key: str | None = Field(
-        None, exclude=True, description="Its key (default: LIGHTNING_STORE_JUDGE_API_KEY); never logged with the config."
+        None,
+        exclude=True,
+        description="Its key (default: LIGHTNING_STORE_JUDGE_API_KEY); never logged with the config.",
     )
     rubric: str = Field(DEFAULT_RUBRIC, min_length=1, description="What a better trajectory is.")
     max_tokens: int = Field(512, ge=16, description="The most tokens the judge may write per group.")
@@ -93,7 +95,12 @@ async def judge_groups(
             try:
                 scores = await _judge_group(store, http, judge, run, members)
             except (httpx.HTTPError, ValueError) as error:
-                logger.warning("the judge left group %s unjudged (the agents' rewards stand): %s", task_id, error)
+                logger.warning(
+                    "the judge left group %s unjudged (the agents' rewards stand): %s: %s",
+                    task_id,
+                    type(error).__name__,
+                    error,
+                )
                 failed += 1
                 continue
             await _write_rewards(store, judge, members, scores)

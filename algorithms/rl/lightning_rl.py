@@ -119,7 +119,9 @@ class LightningRLConfig(AlgorithmConfig):
         default_factory=dict,
         description="Request fields the proxy sets on every call to the policy, replacing the agent's: "
         '`{"tool_choice": "required"}` for a framework that always asks `auto` (AutoGen), where a small model left'
-        " to choose never calls its tool.",
+        " to choose never calls its tool. It applies to every call: an agent that answers after its tool call would"
+        " be made to call again (it suits AutoGen's single tool iteration), and vLLM refuses `required` without"
+        " tools.",
     )
 
 
