@@ -42,6 +42,19 @@ class GRPO(LightningRL):
     Config: ClassVar[type[AlgorithmConfig]] = GRPOConfig
     config: GRPOConfig
 
+    def flat(self, transitions: list[Transition]) -> dict[str, float] | None:
+        """Every group's returns equal: GRPO would drop them all."""
+        result = estimators.grpo(
+            [t.return_ for t in transitions], [t.group for t in transitions], scale=self.config.scale_by_std
+        )
+        if any(v is not None for v in result.values):
+            return None
+        return {
+            "groups": float(result.groups),
+            "dropped_groups": float(result.dropped_groups),
+            "trained_transitions": 0.0,
+        }
+
     def advantages(self, transitions: list[Transition], rollouts: Rollouts) -> Estimate:
         result = estimators.grpo(
             [t.return_ for t in transitions], [t.group for t in transitions], scale=self.config.scale_by_std

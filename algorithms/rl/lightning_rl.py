@@ -141,6 +141,12 @@ class LightningRL(Algorithm):
             .model_copy(update={"max_tokens_cap": self.config.max_tokens_cap, "forced_parameters": forced})
         )
 
+    def flat(self, transitions: list[Transition]) -> dict[str, float] | None:
+        """The step's metrics when its transitions cannot train (every advantage would be dropped), found before
+        any forward pass, so that such a step costs no reference log-probabilities; None when they may train."""
+        del transitions
+        return None
+
     @abstractmethod
     def advantages(self, transitions: list[Transition], rollouts: Rollouts) -> Estimate:
         """Which transitions to train on, their per-token advantages, PPO's value targets, and metrics."""
@@ -293,6 +299,8 @@ class LightningRL(Algorithm):
 
         if not transitions:
             return {"trained_transitions": 0.0}
+        if (flat := self.flat(transitions)) is not None:
+            return flat
         c = self.config
         # One optimizer step per batch: the policy before it is the policy differentiated, no separate pass.
         single_step = c.epochs == 1 and c.mini_batches == 1
