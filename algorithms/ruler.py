@@ -120,8 +120,12 @@ async def _judge_group(
     members: list[AttemptedRollout],
 ) -> list[tuple[float, str]]:
     parts = [f"Task:\n{json.dumps(members[0].input, ensure_ascii=False, default=str)[:4000]}"]
+    calls = await store.query_llm_calls([rollout.rollout_id for rollout in members])  # the group's, at once
     for number, rollout in enumerate(members, 1):
-        parts.append(f"Trajectory {number}:\n{await trajectory_text(store, rollout)}")
+        attempt = rollout.attempt.attempt_id
+        spans = (await store.query_spans(rollout.rollout_id, attempt)).items
+        own = [c for c in calls if c.rollout_id == rollout.rollout_id and c.attempt_id == attempt]
+        parts.append(f"Trajectory {number}:\n{trajectory_text(spans, own)}")
     request = {
         "model": judge.model,
         "messages": [
@@ -163,12 +167,9 @@ def parse_scores(text: str, count: int) -> list[tuple[float, str]]:
     return [scores[n] for n in range(1, count + 1)]
 
 
-async def trajectory_text(store: LightningStore, rollout: AttemptedRollout) -> str:
-    """The rollout's latest attempt as the judge reads it: the first call's prompt, every reply, tool call and
-    exception in order; no reward (at most 6,000 characters, the start kept)."""
-    attempt = rollout.attempt.attempt_id
-    spans = (await store.query_spans(rollout.rollout_id, attempt)).items
-    calls = await store.query_llm_calls([rollout.rollout_id], attempt_id=attempt)
+def trajectory_text(spans: Sequence[Span], calls: Sequence[LlmCall]) -> str:
+    """An attempt (its spans and LLM-call records) as the judge reads it: the first call's prompt, every reply,
+    tool call and exception in order; no reward (at most 6,000 characters, the start kept)."""
     lines: list[str] = []
     for event in build_transcript(spans, calls):
         kind = event["event"]

@@ -3,11 +3,19 @@ by the tests of executable how-tos."""
 
 from __future__ import annotations
 
+import os
 import re
+import sqlite3
 import subprocess
+import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).parents[1]
+STORE_ENV = ("LIGHTNING_STORE_DATABASE_URL", "LIGHTNING_STORE_URL", "LIGHTNING_STORE_TOKEN")
+"""What a reader's shell does not have set: the pages name their store themselves."""
 
 
 def script(commands: list[str], marker: str, ready: Mapping[str, str]) -> str:
@@ -66,3 +74,35 @@ def run_commands(
     )
     assert run.returncode == 0, f"{run.stdout[-4000:]}\n{run.stderr[-4000:]}"
     return outputs(run.stdout, marker, len(commands))
+
+
+def store_ready(port: int) -> dict[str, str]:
+    """The wait a reader does after starting ``store serve`` on ``port`` in the background (it answers its health
+    route within a second or two)."""
+    check = f"import httpx; httpx.get('http://127.0.0.1:{port}/v1/agl/health').raise_for_status()"
+    return {"store serve": f'until python -c "{check}" 2>/dev/null; do sleep 0.2; done'}
+
+
+def run_page(page: Path, cwd: Path, ready: Mapping[str, str], *, timeout: float) -> Callable[[str], str]:
+    """Run ``page``'s shell commands as written, in ``cwd`` with the repository's ``examples`` and ``bench`` beside
+    them and this interpreter's tools first on PATH; returns ``said(prefix)``, the output of the first command
+    that starts with ``prefix``."""
+    for package in ("examples", "bench"):
+        (cwd / package).symlink_to(ROOT / package)
+    commands = page_commands(page)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    for name in STORE_ENV:
+        env.pop(name, None)
+    out = run_commands(commands, ready, cwd=cwd, env=env, timeout=timeout)
+
+    def said(prefix: str) -> str:
+        return next(text for command, text in zip(commands, out, strict=True) if command.startswith(prefix))
+
+    return said
+
+
+def rows(database: Path, query: str, *args: Any) -> list[dict[str, Any]]:
+    """The rows of ``query`` on the SQLite file ``database``, as dicts."""
+    with sqlite3.connect(database) as connection:
+        connection.row_factory = sqlite3.Row
+        return [dict(row) for row in connection.execute(query, args)]

@@ -28,7 +28,7 @@ class AttemptRouter(SpanProcessor):
 
     def __init__(self) -> None:
         self._sinks: dict[tuple[int, int], SpanProcessor] = {}
-        self._skips: list[Callable[[ReadableSpan], bool]] = []
+        self._skips: tuple[Callable[[ReadableSpan], bool], ...] = ()  # replaced whole, read without the lock
         self._lock = threading.Lock()
 
     def skip(self, duplicate: Callable[[ReadableSpan], bool]) -> None:
@@ -37,7 +37,7 @@ class AttemptRouter(SpanProcessor):
         OpenInference AutoGen instrumentation records each tool call with both."""
         with self._lock:
             if duplicate not in self._skips:
-                self._skips.append(duplicate)
+                self._skips = (*self._skips, duplicate)
 
     def on_start(self, span: Span, parent_context: otel_context.Context | None = None) -> None:
         binding = current_binding()
@@ -52,8 +52,7 @@ class AttemptRouter(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         with self._lock:
             sink = self._sinks.pop(_key(span), None)
-            skips = tuple(self._skips)
-        if sink is not None and not any(duplicate(span) for duplicate in skips):
+        if sink is not None and not any(duplicate(span) for duplicate in self._skips):
             sink.on_end(span)
 
     def shutdown(self) -> None:

@@ -96,10 +96,9 @@ def _plan_tools(body: dict[str, Any], template_takes_tools: bool) -> ChatPlan:
             messages = _hermes_history(messages)
         return ChatPlan(messages, stop=stop)
     names = [t["function"]["name"] for t in tools]
+    start = ""  # auto: the model decides, nothing is begun for it
     decided: dict[str, Any] | None = None
-    if choice == "auto":
-        start = ""
-    elif choice == "required" and len(names) == 1:
+    if choice == "required" and len(names) == 1:
         decided = tools[0]["function"]  # the one valid call (vLLM's guided decoding forces it)
     elif choice == "required":
         start = CALL_START
@@ -108,10 +107,11 @@ def _plan_tools(body: dict[str, Any], template_takes_tools: bool) -> ChatPlan:
         if name not in names:
             raise SamplingError("tool_choice", f"names the function {name!r}, which tools does not offer")
         decided = next(t["function"] for t in tools if t["function"]["name"] == name)
-    else:
+    elif choice != "auto":
         raise SamplingError("tool_choice", 'must be "none", "auto", "required" or {"type": "function", …}')
     call = decided_call(decided) if decided is not None else None
-    start = call.start if call is not None else start
+    if call is not None:
+        start = call.start
     if template_takes_tools:
         return ChatPlan(messages, tools=tools, reply_start=start, parse_calls=True, stop=stop, decided=call)
     described = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)

@@ -15,14 +15,13 @@ import importlib.util
 import json
 import os
 import re
-import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.doc_scripts import run_commands
+from tests.doc_scripts import rows, run_commands
 
 pytestmark = [
     pytest.mark.slow,
@@ -56,12 +55,6 @@ def page_commands() -> list[str]:
 
 def json_lines(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
-
-
-def rows(database: Path, query: str) -> list[dict[str, Any]]:
-    with sqlite3.connect(database) as connection:
-        connection.row_factory = sqlite3.Row
-        return [dict(row) for row in connection.execute(query)]
 
 
 def test_the_page_runs_as_written_and_shows_what_it_says(tmp_path: Path) -> None:

@@ -10,17 +10,13 @@ instrumentation, ``store train``."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import sqlite3
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from bench.smollm2 import available as smollm2_available
-from tests.doc_scripts import page_commands, run_commands
+from tests.doc_scripts import ROOT, rows, run_page, store_ready
 
 pytestmark = [
     pytest.mark.slow,
@@ -29,31 +25,12 @@ pytestmark = [
 ]
 pytest.importorskip("agents")
 
-ROOT = Path(__file__).parents[2]
 PAGE = ROOT / "docs" / "how-to" / "train-an-openai-agents-sdk-agent.md"
-READY = {
-    "store serve": "until python -c \"import httpx; httpx.get('http://127.0.0.1:4794/v1/agl/health').raise_for_status()\""
-    " 2>/dev/null; do sleep 0.2; done",
-}
-
-
-def rows(database: Path, query: str) -> list[dict[str, Any]]:
-    with sqlite3.connect(database) as connection:
-        connection.row_factory = sqlite3.Row
-        return [dict(row) for row in connection.execute(query)]
+READY = store_ready(4794)
 
 
 def test_the_page_runs_as_written_and_the_agent_and_its_tool_calls_are_recorded(tmp_path: Path) -> None:
-    for package in ("examples", "bench"):
-        (tmp_path / package).symlink_to(ROOT / package)
-    commands = page_commands(PAGE)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    for name in ("LIGHTNING_STORE_DATABASE_URL", "LIGHTNING_STORE_URL", "LIGHTNING_STORE_TOKEN"):
-        env.pop(name, None)
-    out = run_commands(commands, READY, cwd=tmp_path, env=env, timeout=1100)
-
-    def said(prefix: str) -> str:
-        return next(text for command, text in zip(commands, out, strict=True) if command.startswith(prefix))
+    said = run_page(PAGE, tmp_path, READY, timeout=1100)
 
     assert re.fullmatch(r"rs-\w+\n", said("store resources set-llm")), said("store resources set-llm")
     assert json.loads(said("store run").strip().splitlines()[-1]) == {"summary": {"succeeded": 6}, "worker_restarts": 0}
