@@ -88,6 +88,12 @@ class RunnerSettings(BaseSettings):
         description="OpenInference instrumentation at worker start-up: auto (every installed framework the "
         "agent imported), none, or a comma list of frameworks (langchain, openai-agents).",
     )
+    openai_defaults: bool = Field(
+        default=True,
+        description="Point OPENAI_BASE_URL and OPENAI_API_KEY at the store's proxy in workers that run one attempt "
+        "at a time, so that an agent's OpenAI client built without llm.endpoint is recorded too (never over an "
+        "OPENAI_BASE_URL already set).",
+    )
 
 
 class PolicyServerSettings(BaseSettings):

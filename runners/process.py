@@ -24,8 +24,10 @@ from typing import Any
 from lightning_store import aio
 from lightning_store.connect import connect, is_server_url
 from lightning_store.logs import quiet_chatty_loggers
+from lightning_store.settings import RunnerSettings
 from runners.agent import load_agent
 from runners.attempts import RELEASE_SECONDS, release_all
+from runners.openai_defaults import point_openai_defaults
 from runners.worker import EXIT_HUNG, AgentHung, Worker
 from tracers.openinference import instrument_from_settings
 
@@ -72,6 +74,14 @@ async def _serve(config: WorkerConfig, conn: Connection) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     _watch_parent(config.parent_pid, lambda: loop.call_soon_threadsafe(stop.set))
+    server_url = config.store_url if is_server_url(config.store_url) else None
+    point_openai_defaults(  # before the agent's module is imported: a client made at import reads them
+        server_url=server_url,
+        worker_id=config.worker_id,
+        token=config.token,
+        concurrency=config.concurrency,
+        enabled=RunnerSettings().openai_defaults,
+    )
     agent = load_agent(config.agent)
     instrument_from_settings()  # OpenInference for LangChain / the OpenAI Agents SDK (LIGHTNING_STORE_INSTRUMENT)
     store = await connect(config.store_url, token=config.token)
@@ -79,7 +89,7 @@ async def _serve(config: WorkerConfig, conn: Connection) -> None:
         store,
         agent,
         worker_id=config.worker_id,
-        server_url=config.store_url if is_server_url(config.store_url) else None,
+        server_url=server_url,
         token=config.token,
         default_timeout=config.default_timeout,
         heartbeat_interval=config.heartbeat_interval,

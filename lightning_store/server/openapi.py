@@ -68,7 +68,8 @@ HEALTH = ("get", "/v1/agl/health")
 """Answers 503 too when the database does not answer, with its ``status`` and ``database`` keys."""
 
 PROXY_BOUND = "/rollout/{rollout_id}/attempt/{attempt_id}/v1/{kind}"
-PROXY_PATHS = frozenset({PROXY_BOUND, "/v1/chat/completions", "/v1/completions"})
+PROXY_WORKER = "/worker/{worker_id}/v1/{kind}"
+PROXY_PATHS = frozenset({PROXY_BOUND, PROXY_WORKER, "/v1/chat/completions", "/v1/completions"})
 
 NOT_FOUND: dict[tuple[str, str], str] = {
     ("post", "/v1/agl/rollouts/{rollout_id}"): "No rollout has this id.",
@@ -83,6 +84,7 @@ NOT_FOUND: dict[tuple[str, str], str] = {
     ("post", "/v1/agl/llm_calls/batch"): "A call's rollout or attempt does not exist (nothing was written).",
     ("post", "/v1/traces"): "A span names an unknown rollout or attempt (nothing was written).",
     ("post", PROXY_BOUND): "No such rollout or attempt, or no proxy route for this kind.",
+    ("post", PROXY_WORKER): "No such worker, or no proxy route for this kind.",
     ("post", "/v1/chat/completions"): "The x-rollout-id/x-attempt-id headers name no known attempt.",
     ("post", "/v1/completions"): "The x-rollout-id/x-attempt-id headers name no known attempt.",
 }
@@ -93,8 +95,10 @@ CONFLICT: dict[tuple[str, str], str] = {
     ("post", "/v1/agl/rollouts/{rollout_id}/attempts/{attempt_id}"): (
         "With if_current: the attempt is no longer its rollout's latest, or has already ended. Nothing was written."
     ),
+    ("post", PROXY_WORKER): "The worker is running no attempt (error_type NoAttempt; not to be retried).",
 }
-"""The operations that answer 409: conditional updates whose condition no longer holds."""
+"""The operations that answer 409: conditional updates whose condition no longer holds, and a call on the proxy
+route of a worker that runs no attempt."""
 
 FASTAPI_422 = "Validation Error"
 """FastAPI's description of the 422 it documents (with its own error schema)."""
@@ -554,7 +558,7 @@ def _describe_bodies(paths: dict[str, Any], requests: dict[str, Schema], schemas
             "description": "The upstream's error answer, passed on with its status and body.",
             "content": {"*/*": {"schema": {}}},
         }
-        if path == PROXY_BOUND:
+        if path in (PROXY_BOUND, PROXY_WORKER):
             for parameter in operation.get("parameters", []):
                 if parameter.get("name") == "kind":
                     parameter["schema"] = {"type": "string", "enum": ["chat/completions", "completions"]}

@@ -44,6 +44,20 @@ async def proxy_bound(rollout_id: str, attempt_id: str, kind: str, request: Requ
     return await forward(request, store, rollout_id, attempt_id, kind)
 
 
+@router.post("/worker/{worker_id}/v1/{kind:path}")
+async def proxy_worker(worker_id: str, kind: str, request: Request, store: Store) -> Response:
+    """The proxy of the attempt the worker runs when the call arrives (its ``current_attempt_id``): where runners
+    point the OpenAI SDK's defaults (``runners.openai_defaults``). The call goes to the attempt's ``llm``
+    resource under that resource's model name, whatever model the agent named; a worker that runs no attempt
+    answers 409."""
+    worker = await store.get_worker_by_id(worker_id)
+    if worker is None:
+        raise NotFoundError(f"worker {worker_id} not found", field="worker_id")
+    if not worker.current_rollout_id or not worker.current_attempt_id:
+        return no_attempt(worker_id)
+    return await forward(request, store, worker.current_rollout_id, worker.current_attempt_id, kind, any_model=True)
+
+
 @router.post("/v1/chat/completions")
 async def proxy_chat(request: Request, store: Store) -> Response:
     return await forward(
@@ -59,10 +73,17 @@ async def proxy_completions(request: Request, store: Store) -> Response:
 
 
 async def forward(
-    request: Request, store: LightningStore, rollout_id: str | None, attempt_id: str | None, kind: str
+    request: Request,
+    store: LightningStore,
+    rollout_id: str | None,
+    attempt_id: str | None,
+    kind: str,
+    *,
+    any_model: bool = False,
 ) -> Response:
     """Answer one proxied call of ``kind`` (``chat/completions`` or ``completions``) bound to the given attempt:
-    the FastAPI routes above, and :mod:`~lightning_store.server.direct_proxy` ahead of FastAPI, both call this."""
+    the FastAPI routes above, and :mod:`~lightning_store.server.direct_proxy` ahead of FastAPI, both call this.
+    With ``any_model`` the upstream gets the chosen resource's model name whatever the call named."""
     if kind not in ("chat/completions", "completions"):
         raise NotFoundError(f"no proxy route for /v1/{kind}", field="path")
     if not rollout_id or not attempt_id:
@@ -77,7 +98,8 @@ async def forward(
     name, llm = choose_llm(resources, body.get("model"), request.app.state.llm_fallback)
     if llm is None:
         return no_upstream(rollout_id)
-    upstream_body = _with_token_ids(body, kind, llm, by_name=name is not None and body.get("model") == name)
+    by_name = any_model or (name is not None and body.get("model") == name)
+    upstream_body = _with_token_ids(body, kind, llm, by_name=by_name)
     call = ProxiedCall(
         request.app.state.recorder, rollout_id, attempt_id, kind, body, resources, upstream_body, llm_resource=name
     )
@@ -143,6 +165,18 @@ def upstream_client(timeout: float) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(keepalive_timeout=UPSTREAM_KEEP_ALIVE_SECONDS),
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout),
+    )
+
+
+def no_attempt(worker_id: str) -> JSONResponse:
+    """The answer to a call on the route of a worker that runs no attempt: a 409 that the OpenAI SDK does not
+    retry, in the store's error shape and OpenAI's."""
+    detail = f"worker {worker_id} is running no attempt: a call on its route belongs to the attempt it runs"
+    openai_error = {"message": detail, "type": "invalid_request_error", "param": "worker_id", "code": "no_attempt"}
+    return JSONResponse(
+        {"detail": detail, "field": "worker_id", "error_type": "NoAttempt", "error": openai_error},
+        status_code=409,
+        headers={"x-should-retry": "false"},
     )
 
 

@@ -50,7 +50,9 @@ def test_the_page_runs_as_written_and_the_agent_and_its_tool_calls_are_recorded(
         attributes = json.loads(span["attributes"])
         assert isinstance(json.loads(attributes["input.value"])["expression"], str)
         assert attributes["output.value"] and json.loads(span["status"])["status_code"] == "OK"
-    assert len(rows(store, "SELECT * FROM rewards_v")) == 8
+    rewards = [r["reward"] for r in rows(store, "SELECT reward FROM rewards_v")]
+    assert len(rewards) == 8 and 1.0 in rewards, rewards  # "some exact answers"
+    assert all(0 <= r <= 0.5 for r in rewards if r != 1.0), rewards  # "a miss scores at most 0.5"
     assert "tool call: calculator" in said("store rollouts transcript p-146")
     assert re.search(rf"\b8\b.*\b{tool_calls}\b", said('store sql "SELECT count(*) AS calls'), re.S)
     assert re.search(rf"calculator_agent\.calculator\s.*\b{tool_calls}\b", said('store sql "SELECT name'))
