@@ -28,6 +28,7 @@ from lightning_store.export_writers import (
     MissingExtraError,
     require_pyarrow,
 )
+from lightning_store.limits import MAX_INT32
 from lightning_store.settings import load_settings
 
 if TYPE_CHECKING:
@@ -75,7 +76,11 @@ def export(
     ] = None,
     resources_version: Annotated[
         list[int] | None,
-        typer.Option(min=0, help="Only rollouts whose latest attempt ran on this resources version (repeatable)."),
+        typer.Option(
+            min=0,
+            max=MAX_INT32,
+            help="Only rollouts whose latest attempt ran on this resources version (repeatable).",
+        ),
     ] = None,
     run: Annotated[
         str | None,

@@ -2,7 +2,8 @@
 
 Transport rules: one request per call (batch calls included); connection failures and 503 answers are retried
 with backoff — every request when the connection could not be opened (nothing was sent), and idempotent ones
-(reads, updates, span writes, enqueue with a rollout id) also when the answer was lost. Long waits are split into
+(reads, updates, span writes, enqueues) also when the answer was lost. An enqueue is made idempotent by naming
+each rollout the caller did not name (:func:`retry_safe_id`). Long waits are split into
 long-polls of at most ``MAX_LONG_POLL_SECONDS``. Errors come back typed: 404 → ``NotFoundError``, 409 →
 ``ConflictError``, other 4xx → ``InvalidRequestError`` (401 → ``UnauthorizedError``), each with the server's
 ``field``. Failures to reach the server are httpx's (``httpx.TransportError``; a 5xx ``httpx.HTTPStatusError``).
@@ -12,6 +13,7 @@ The requests go straight to aiohttp's connection pool (:mod:`lightning_store.htt
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import Sequence
 from json import loads as json_loads
@@ -54,6 +56,13 @@ NOT_SENT = (httpx.ConnectError,)
 """The connection could not be opened: the request never left, so any request may be sent again."""
 ANSWER_LOST = (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError)
 """The request may have reached the server: only an idempotent one is sent again."""
+
+
+def retry_safe_id() -> str:
+    """The id the client gives a rollout enqueued without one, so that sending the enqueue again is safe (an
+    existing rollout of that id is returned unchanged). Longer than the server's ids (80 random bits against 48):
+    two clients must never pick the same one, since the second would be handed the first one's rollout."""
+    return f"ro-{secrets.token_hex(10)}"
 
 
 def _rollout(data: dict[str, Any]) -> Rollout:
@@ -185,10 +194,9 @@ class HttpStore:
             "metadata": metadata,
             "config": config.model_dump(mode="json") if isinstance(config, RolloutConfig) else config,
         }
-        if rollout_id is not None:
-            request["rollout_id"] = rollout_id
+        request["rollout_id"] = rollout_id if rollout_id is not None else retry_safe_id()
         try:
-            return (await self._enqueue([request], idempotent=rollout_id is not None))[0]
+            return (await self._enqueue([request]))[0]
         except StoreError as exc:
             # One rollout: name its fields as the arguments of this method, not as items of a batch.
             exc.field = exc.field.removeprefix("rollouts.0.") if exc.field else exc.field
@@ -201,12 +209,16 @@ class HttpStore:
             r.model_dump(mode="json", exclude_none=True) if isinstance(r, EnqueueRolloutRequest) else r
             for r in rollouts
         ]
-        return await self._enqueue(requests, idempotent=all(r.get("rollout_id") for r in requests))
+        named = [
+            {**r, "rollout_id": retry_safe_id()} if isinstance(r, dict) and r.get("rollout_id") is None else r
+            for r in requests
+        ]
+        return await self._enqueue(named)
 
-    async def _enqueue(self, requests: list[Any], *, idempotent: bool) -> list[Rollout]:
-        data = await self._call(
-            "POST", "/v1/agl/queues/rollouts/enqueue", json={"rollouts": requests}, idempotent=idempotent
-        )
+    async def _enqueue(self, requests: list[Any]) -> list[Rollout]:
+        # Every rollout is named (by the caller, else by retry_safe_id): sent again, the request returns what
+        # the first one wrote, so an answer lost or a 503 from a database that committed late costs nothing.
+        data = await self._call("POST", "/v1/agl/queues/rollouts/enqueue", json={"rollouts": requests}, idempotent=True)
         return [Rollout.model_validate(item) for item in data]
 
     async def dequeue_rollout(

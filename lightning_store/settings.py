@@ -38,6 +38,13 @@ class StoreSettings(BaseSettings):
     pool_size: int = Field(
         default=10, ge=1, description="The most database connections a process opens, kept open once opened."
     )
+    statement_timeout: float = Field(
+        default=20.0,
+        ge=0,
+        description="Postgres: seconds a statement of the store may wait for a connection, wait for a lock or run "
+        "(and, 2 s more, wait for an answer) before it is stopped and its request answered 503; shorter than "
+        "clients wait (30 s). 0: no limit.",
+    )
 
 
 def load_settings(**overrides: Any) -> StoreSettings:

@@ -17,10 +17,11 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi_offline import FastAPIOffline
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from lightning_store import aio
 from lightning_store.contract import LightningStore
@@ -144,6 +145,14 @@ def _add_error_handlers(app: FastAPI) -> None:
         # Not logged per request (an outage would flood the log): the watchdog logs one line per outage.
         logger.debug("answered 503: %s", exc)
         return unavailable_response()
+
+    @app.exception_handler(ClientDisconnect)
+    async def disconnected(request: Request, _: ClientDisconnect) -> Response:
+        # The client went away before its body had arrived: nothing was read, nothing written, no one to answer.
+        # One line at debug (a client that gives up is not the server's fault), no traceback; the status is the
+        # one nginx logs for this (499), for the access log and the metrics.
+        logger.debug("%s %s: the client disconnected before sending its whole body", request.method, request.url.path)
+        return Response(status_code=499)
 
     @app.exception_handler(DBAPIError)
     async def database_error(_: Request, exc: DBAPIError) -> JSONResponse:

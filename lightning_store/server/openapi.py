@@ -96,6 +96,8 @@ CONFLICT: dict[tuple[str, str], str] = {
         "With if_current: the attempt is no longer its rollout's latest, or has already ended. Nothing was written."
     ),
     ("post", PROXY_WORKER): "The worker is running no attempt (error_type NoAttempt; not to be retried).",
+    ("post", "/v1/agl/spans/next"): "The rollout has no sequence ids left (a span took 2^53 - 1).",
+    ("post", "/v1/agl/spans/next/batch"): "A rollout has no sequence ids left (nothing was allocated).",
 }
 """The operations that answer 409: conditional updates whose condition no longer holds, and a call on the proxy
 route of a worker that runs no attempt."""

@@ -27,6 +27,9 @@ STATEMENT_OPTION = "lightning_store_one_statement"
 statement is one trip to the database thread (a transaction costs a second one, for its ``COMMIT``)."""
 CONNECT_TIMEOUT = 10.0
 """Seconds a new Postgres connection may take (asyncpg's default, 60 s, outlasts every client's patience)."""
+DEADLINE_MARGIN = 2.0
+"""Seconds the store's own clock gives a Postgres statement past the server's ``statement_timeout``: the server
+stops a slow statement first (and says so); the store stops waiting on a connection that does not answer at all."""
 
 UNAVAILABLE_SQLSTATES = ("08", "53", "57P01", "57P02", "57P03", "3D000", "28")
 """Postgres error codes (or their classes) that mean the database cannot serve us now: connection exceptions,
@@ -74,11 +77,25 @@ def is_memory_sqlite(url: URL) -> bool:
     return is_sqlite(url) and url.database in (None, "", ":memory:")
 
 
-def make_engine(url: str | URL, *, pool_size: int = 10, inline: bool = False, budget: int | None = None) -> AsyncEngine:
+def make_engine(
+    url: str | URL,
+    *,
+    pool_size: int = 10,
+    inline: bool = False,
+    budget: int | None = None,
+    deadline: float | None = None,
+) -> AsyncEngine:
     """An async engine. SQLite gets WAL, enforced foreign keys, a busy timeout, explicit transactions and
     one trip to its connection's thread per statement (:mod:`lightning_store.sql.sqlite_driver`); ``inline``:
     none, its statements run on the event loop's thread, and move to their connection's thread when they meet a
-    lock or run past ``budget`` steps."""
+    lock or run past ``budget`` steps.
+
+    Postgres with a ``deadline`` (seconds; the store's ``statement_timeout`` setting): no statement waits longer
+    than that for a pooled connection, for a lock (``lock_timeout``) or to run (``statement_timeout``), and the
+    store stops waiting for an answer ``DEADLINE_MARGIN`` s later (a stalled network, where the server's own
+    timeouts never reach us), dropping that connection. Each raises an error that
+    :func:`unavailable_reason` reads as an outage, so the request is answered 503 within the deadline rather than
+    hanging as long as the stall."""
     parsed = normalize_url(url)
     # No overflow on either backend: SQLAlchemy closes an overflow connection when it is returned, so every burst
     # of more than pool_size requests would open and close connections: Postgres backends started and ended (at
@@ -86,12 +103,16 @@ def make_engine(url: str | URL, *, pool_size: int = 10, inline: bool = False, bu
     # for a pooled connection is cheaper.
     pool: dict[str, Any] = {"pool_size": pool_size, "max_overflow": 0}
     if not is_sqlite(parsed):
-        return create_async_engine(
-            parsed,
-            **pool,
-            json_serializer=postgres_json,
-            connect_args={"timeout": CONNECT_TIMEOUT},
-        )
+        asyncpg_args: dict[str, Any] = {"timeout": CONNECT_TIMEOUT}
+        if deadline:
+            milliseconds = str(max(1, round(deadline * 1000)))
+            asyncpg_args["server_settings"] = {"statement_timeout": milliseconds, "lock_timeout": milliseconds}
+            asyncpg_args["command_timeout"] = deadline + DEADLINE_MARGIN
+            pool["pool_timeout"] = deadline
+        engine = create_async_engine(parsed, **pool, json_serializer=postgres_json, connect_args=asyncpg_args)
+        if deadline:
+            _drop_connections_that_time_out(engine)
+        return engine
     kwargs: dict[str, Any] = {}
     if is_memory_sqlite(parsed):
         kwargs["poolclass"] = StaticPool
@@ -106,6 +127,15 @@ def make_engine(url: str | URL, *, pool_size: int = 10, inline: bool = False, bu
     engine = create_async_engine(parsed, **kwargs)
     _configure_sqlite(engine, inline=inline)
     return engine
+
+
+def _drop_connections_that_time_out(engine: AsyncEngine) -> None:
+    @event.listens_for(engine.sync_engine, "handle_error")
+    def _on_error(context: Any) -> None:
+        # asyncpg gave up waiting (command_timeout): the statement may still be on its way or running, so the
+        # connection's state is unknown. Treated as a disconnect, SQLAlchemy closes it instead of pooling it.
+        if isinstance(context.original_exception, TimeoutError):
+            context.is_disconnect = True
 
 
 def _configure_sqlite(engine: AsyncEngine, *, inline: bool) -> None:

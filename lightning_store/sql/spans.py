@@ -14,7 +14,8 @@ from pydantic import TypeAdapter
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from lightning_store import lifecycle
-from lightning_store.errors import NotFoundError
+from lightning_store.errors import ConflictError, NotFoundError
+from lightning_store.limits import MAX_SEQUENCE_ID
 from lightning_store.models import FilterLogic, PaginatedResult, SortOrder
 from lightning_store.spans import Span
 from lightning_store.sql import validate
@@ -120,9 +121,21 @@ async def _take_sequence_ids(conn: AsyncConnection, rollout_ids: Sequence[str]) 
     next_free = {rollout_id: int(top) - wanted[rollout_id] + 1 for rollout_id, top in taken.all()}
     numbers = []
     for rollout_id in rollout_ids:
-        numbers.append(next_free[rollout_id])
+        numbers.append(_within_limit(rollout_id, next_free[rollout_id]))
         next_free[rollout_id] += 1
     return numbers
+
+
+def _within_limit(rollout_id: str, number: int) -> int:
+    """``number`` when it is a sequence id the API can hand out; else a :class:`ConflictError` (raised inside the
+    caller's transaction, so the counters it advanced are rolled back)."""
+    if number > MAX_SEQUENCE_ID:
+        raise ConflictError(
+            f"rollout {rollout_id!r} has no sequence ids left: a span already took {number - 1} and the largest is "
+            f"{MAX_SEQUENCE_ID} (2^53 - 1)",
+            field="rollout_id",
+        )
+    return number
 
 
 def numbered(batch: Sequence[Span], counters: dict[str, int]) -> list[Span]:
@@ -132,7 +145,8 @@ def numbered(batch: Sequence[Span], counters: dict[str, int]) -> list[Span]:
     next_free = {rollout_id: last + 1 for rollout_id, last in counters.items()}
     spans_ = []
     for span in batch:
-        spans_.append(span.model_copy(update={"sequence_id": next_free[span.rollout_id]}))
+        number = _within_limit(span.rollout_id, next_free[span.rollout_id])
+        spans_.append(span.model_copy(update={"sequence_id": number}))
         next_free[span.rollout_id] += 1
     return spans_
 

@@ -103,7 +103,13 @@ async def open_store(
     # On a SQLite file every statement runs on the event loop's thread (sqlite_driver: a trip to a connection's
     # thread per statement cost more than most statements); a read that runs long moves to its thread.
     file_sqlite = is_sqlite(url) and not is_memory_sqlite(url)
-    engine = make_engine(url, pool_size=settings.pool_size, inline=file_sqlite, budget=READ_BUDGET)
+    engine = make_engine(
+        url,
+        pool_size=settings.pool_size,
+        inline=file_sqlite,
+        budget=READ_BUDGET,
+        deadline=settings.statement_timeout or None,
+    )
     # SQLite has one writer at a time (the store's lock serializes them): one connection of their own serves them,
     # without a budget (an interrupted statement would roll its transaction back).
     writer = make_engine(url, pool_size=1, inline=True) if file_sqlite else None
@@ -112,8 +118,14 @@ async def open_store(
     if should_migrate is None:
         should_migrate = store.is_sqlite
     try:
-        if should_migrate:
-            await upgrade(engine)
+        if should_migrate and store.is_sqlite:
+            await upgrade(engine)  # an in-memory database belongs to its engine
+        elif should_migrate:  # on an engine of its own: a migration may run longer than a request's deadline
+            unbounded = make_engine(url, pool_size=1)
+            try:
+                await upgrade(unbounded)
+            finally:
+                await unbounded.dispose()
         await store.start(watchdog=watchdog)
     except BaseException:
         await store.close()

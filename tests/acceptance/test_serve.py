@@ -350,3 +350,28 @@ async def test_headers_past_the_limit_get_a_431_and_bodies_are_not_counted(tmp_p
             assert (await http.get("/v1/agl/health")).status_code == 200
     finally:
         assert server.stop() in CLEAN_EXIT
+
+
+async def test_a_client_that_leaves_mid_body_costs_one_quiet_line_not_a_traceback(tmp_path: Path) -> None:
+    """A client that disconnects before its announced body has arrived, on a store route, the LLM proxy and
+    OTLP: nothing is written, and the server logs no traceback (it logged 4.5 KB of one per request)."""
+    server = Server(cwd=tmp_path)
+    try:
+        await wait_healthy(server.url, server.process)
+        for path in ("/v1/agl/queues/rollouts/enqueue", "/rollout/r/attempt/a/v1/chat/completions", "/v1/traces"):
+            _reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            head = (
+                f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n"
+            )
+            writer.write(head.encode() + b'{"rollouts": [')
+            await writer.drain()
+            await asyncio.sleep(0.3)
+            writer.close()
+        async with httpx.AsyncClient(base_url=server.url) as http:
+            assert (await http.get("/v1/agl/health")).status_code == 200
+            assert (await http.post("/v1/agl/rollouts/search", json={})).json()["total"] == 0
+    finally:
+        server.process.send_signal(signal.SIGTERM)
+        log, _ = server.process.communicate(timeout=20)
+    assert server.process.returncode in CLEAN_EXIT, log
+    assert "Traceback" not in log and "ClientDisconnect" not in log, log

@@ -18,8 +18,8 @@ from opentelemetry.trace import Link as OtelLink
 from opentelemetry.trace import Status, StatusCode
 
 from lightning_store.contract import LightningStore
-from lightning_store.errors import InvalidRequestError, NotFoundError
-from lightning_store.limits import MAX_SPAN_NAME_LENGTH
+from lightning_store.errors import ConflictError, InvalidRequestError, NotFoundError
+from lightning_store.limits import MAX_SEQUENCE_ID, MAX_SPAN_NAME_LENGTH
 from lightning_store.models import AttemptedRollout, RolloutConfig
 from lightning_store.spans import Event, Link, OtelResource, Span, SpanContext, TraceStatus
 from tests.conftest import StoreFactory
@@ -381,6 +381,24 @@ async def test_span_with_explicit_high_sequence_id_advances_the_counter(store: L
     await store.add_span(make_span(rollout, "s1", sequence_id=100))
 
     assert await store.get_next_span_sequence_id(rollout.rollout_id, rollout.attempt.attempt_id) > 100
+
+
+async def test_no_sequence_id_is_handed_out_past_2_to_the_53_minus_1(store: LightningStore) -> None:
+    """A span may take the largest sequence id itself; then none is left to hand out, and asking for one is a
+    conflict that writes nothing (it was once 2^53, which a JavaScript client cannot hold exactly)."""
+    rollout = await store.start_rollout({"q": 1})
+    ids = (rollout.rollout_id, rollout.attempt.attempt_id)
+    await store.add_span(make_span(rollout, "top", sequence_id=MAX_SEQUENCE_ID))
+    for ask in (
+        lambda: store.get_next_span_sequence_id(*ids),
+        lambda: store.get_many_span_sequence_ids([ids]),
+        lambda: store.add_many_spans([make_span(rollout, "numbered")], allocate_sequence_ids=True),
+    ):
+        with pytest.raises(ConflictError) as refused:
+            await ask()
+        assert refused.value.field == "rollout_id" and str(MAX_SEQUENCE_ID) in str(refused.value)
+    await store.add_span(make_span(rollout, "low", sequence_id=7))  # spans that bring their own still go in
+    assert [s.span_id for s in await store.query_spans(rollout.rollout_id)] == ["low", "top"]
 
 
 async def test_span_with_lower_sequence_id_does_not_move_the_counter_back(store: LightningStore) -> None:
