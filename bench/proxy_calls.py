@@ -27,8 +27,7 @@ from typing import Any
 import aiohttp
 import psutil
 
-from algorithms.local_stack import embedded_store, subprocess_in
-from algorithms.serving.local import free_port
+from algorithms.local_stack import embedded_store, free_port, subprocess_in
 from lightning_store import aio
 from lightning_store.client import HttpStore
 from lightning_store.models import EnqueueRolloutRequest

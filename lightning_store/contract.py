@@ -1,4 +1,5 @@
-"""The store contract: one async interface implemented by the SQL store and (later) the HTTP client.
+"""The store contract: one async interface, implemented by the SQL store (``lightning_store.sql.SqlStore``, on
+Postgres and SQLite) and by the HTTP client (``lightning_store.client.HttpStore``, against ``store serve``).
 
 Names and semantics follow the Agent Lightning 0.3 ``LightningStore``; additions are keyword arguments or new
 methods, never changed meanings. Errors: an unknown id raises :class:`~lightning_store.errors.NotFoundError`, a

@@ -7,7 +7,6 @@ it over HTTP (through the store's LLM proxy) exactly as they would reach vLLM, w
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -16,15 +15,9 @@ from typing import Any
 
 import uvicorn
 
+from algorithms.local_stack import free_port
 from algorithms.serving.policy_server import PolicyServer
 from lightning_store.resources import LLM
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 class LocalPolicy:

@@ -4,7 +4,7 @@ ids (added to the ``store`` CLI through the ``lightning_store.commands`` entry p
 The engines are those of ``store train`` (same settings, :class:`~lightning_store.settings.PolicyServerSettings`):
 the built-in transformers server (:mod:`algorithms.serving.policy_server`, CPU or GPU) or vLLM from its own
 virtualenv (:mod:`algorithms.serving.vllm`). The command prints the base URL once the server answers, and stops
-cleanly (exit status 0) on SIGINT or SIGTERM. ``python -m algorithms.serving.policy_server`` runs the same command.
+cleanly (exit status 0) on SIGINT or SIGTERM. ``python -m algorithms.serving.policy_cli`` runs the same command.
 
 This module imports without torch (what needs it is imported inside the command), so that a plain install can
 list the ``store`` commands and say which extra this one needs (:mod:`algorithms.extras`).
@@ -240,7 +240,11 @@ policy.command("serve", help=HELP)(serve)
 
 
 def main() -> None:
-    """``python -m algorithms.serving.policy_server``: ``store policy serve`` as a program of its own."""
+    """``python -m algorithms.serving.policy_cli``: ``store policy serve`` as a program of its own."""
     app = typer.Typer(add_completion=False)
     app.command(help=HELP)(serve)
-    app(prog_name="python -m algorithms.serving.policy_server")
+    app(prog_name="python -m algorithms.serving.policy_cli")
+
+
+if __name__ == "__main__":
+    main()

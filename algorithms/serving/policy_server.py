@@ -360,9 +360,3 @@ def _settle(future: asyncio.Future[Generation], generation: Generation | None, e
         future.set_exception(error)
     elif generation is not None:
         future.set_result(generation)
-
-
-if __name__ == "__main__":  # python -m algorithms.serving.policy_server: the same command as `store policy serve`
-    from algorithms.serving.policy_cli import main
-
-    main()

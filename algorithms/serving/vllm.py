@@ -34,8 +34,7 @@ from typing import Any, Literal
 
 import httpx
 
-from algorithms.local_stack import log_tail, terminate
-from algorithms.serving.local import free_port
+from algorithms.local_stack import free_port, log_tail, terminate
 from lightning_store.resources import LLM
 
 Swap = Literal["auto", "reload", "restart"]

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from algorithms.local_stack import terminate
-from algorithms.training.trainers import PolicySpec
+from algorithms.training.policy_spec import PolicySpec
 from lightning_store.settings import TrainerSettings
 
 if TYPE_CHECKING:

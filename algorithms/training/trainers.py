@@ -5,39 +5,17 @@ spreads each update over several processes (:mod:`algorithms.training.deepspeed_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from algorithms.training.policy_spec import PolicySpec
 from lightning_store.settings import TrainerSettings
+
+__all__ = ["LocalTrainer", "PolicySpec", "Trainer", "open_trainer"]
 
 if TYPE_CHECKING:
     from algorithms.training.policy import TrainablePolicy
     from algorithms.training.update import UpdateJob
-
-
-@dataclass(frozen=True)
-class PolicySpec:
-    """What every rank needs to build the same policy: the model, the optimizer's learning rate, PPO's value
-    head, LoRA options, and the checkpoint a resumed run continues from."""
-
-    model_dir: Path
-    learning_rate: float
-    value_head: bool = False
-    lora: dict[str, Any] | None = None
-    checkpoint: Path | None = None
-
-    def build(self, *, reference: bool) -> TrainablePolicy:
-        from algorithms.training.policy import TrainablePolicy
-
-        return TrainablePolicy(
-            self.model_dir,
-            learning_rate=self.learning_rate,
-            reference=reference,
-            value_head=self.value_head,
-            lora=self.lora,
-            checkpoint=self.checkpoint,
-        )
 
 
 class Trainer(Protocol):

@@ -1,5 +1,5 @@
 """``store policy serve`` as users run it: a subprocess serving a tiny model built offline, called with the
-OpenAI SDK and httpx, stopped by SIGTERM; its help (and ``python -m algorithms.serving.policy_server``'s); a bad
+OpenAI SDK and httpx, stopped by SIGTERM; its help (and ``python -m algorithms.serving.policy_cli``'s); a bad
 model directory."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tests.acceptance.test_serve import clean_env
 
 REPO = Path(__file__).resolve().parents[2]
 SERVING = re.compile(r'^serving (?P<model>.+) at (?P<url>http://\S+/v1) \(model name "(?P<name>[^"]+)"\)$')
-MODULE = [sys.executable, "-m", "algorithms.serving.policy_server"]
+MODULE = [sys.executable, "-m", "algorithms.serving.policy_cli"]
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from algorithms.serving.local import free_port
+from algorithms.local_stack import free_port
 from lightning_store.client import HttpStore
 from lightning_store.errors import NotFoundError
 
