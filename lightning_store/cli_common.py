@@ -92,7 +92,7 @@ def database_failure(exc: BaseException, database_url: str, *, serving: bool = F
     and reports only what its own check raised (an ``OSError`` there may be uvicorn's, a port in use)."""
     import sqlalchemy.exc
 
-    from lightning_store.errors import DatabaseUnavailableError
+    from lightning_store.errors import DatabaseUnavailableError, InvalidRequestError
     from lightning_store.migrate import DatabaseNotMigratedError
     from lightning_store.sql.engine import shown_url, unavailable_reason
 
@@ -102,6 +102,8 @@ def database_failure(exc: BaseException, database_url: str, *, serving: bool = F
             "postgresql://user@host:5432/db)"
         )
 
+    if isinstance(exc, InvalidRequestError) and exc.field == "database_url":
+        return str(exc)  # an unsupported database, or one whose driver (an extra) is not installed
     if isinstance(exc, DatabaseNotMigratedError):
         if not exc.known:
             return f"{exc}: upgrade lightning-store"

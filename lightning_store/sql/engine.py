@@ -43,7 +43,10 @@ NOTADB (the file is not a SQLite database: nothing of the store can be read ther
 def missing_sqlite_file(url: str | URL) -> Path | None:
     """The file of a SQLite URL when it does not exist (opening it would create an empty database), else None
     (it exists, it is in memory or a URI, or the URL is not SQLite's)."""
-    parsed = normalize_url(url)
+    try:
+        parsed = make_url(url)
+    except sa_exc.ArgumentError:
+        return None  # not a URL: whoever opens it says so
     if not is_sqlite(parsed) or is_memory_sqlite(parsed) or "uri" in parsed.query:
         return None
     path = Path(parsed.database or "")
@@ -55,10 +58,23 @@ def normalize_url(url: str | URL) -> URL:
     parsed = make_url(url)
     backend = parsed.get_backend_name()
     if backend == "postgresql":
+        _require_asyncpg()
         return parsed.set(drivername="postgresql+asyncpg")
     if backend == "sqlite":
         return parsed.set(drivername="sqlite+aiosqlite")
     raise InvalidRequestError(f"unsupported database {backend!r}: use postgresql or sqlite", field="database_url")
+
+
+def _require_asyncpg() -> None:
+    """Postgres's driver is the ``postgres`` extra (the embedded default needs none): without it, say in one line
+    what to install, rather than SQLAlchemy's ``No module named 'asyncpg'`` traceback."""
+    try:
+        import asyncpg  # noqa: F401
+    except ImportError:
+        raise InvalidRequestError(
+            "Postgres needs its driver, which the core install leaves out: pip install 'lightning-store[postgres]'",
+            field="database_url",
+        ) from None
 
 
 def shown_url(database_url: str) -> str:
