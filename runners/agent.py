@@ -84,6 +84,21 @@ def rollout(fn: Callable[..., Any]) -> RolloutAgent:
     return RolloutAgent(fn=fn, name=getattr(fn, "__qualname__", repr(fn)), is_async=inspect.iscoroutinefunction(fn))
 
 
+class AgentNotLoadable(RuntimeError):
+    """The agent named on the command line cannot be loaded (its module does not import, it has no such name, it
+    is not callable): no worker can ever run it, so the runner stops at once with this one line."""
+
+
+def agent_problem(spec: str, error: BaseException) -> str:
+    """One line on why ``spec`` did not load, with what to check."""
+    if isinstance(error, ModuleNotFoundError) and error.name and spec.partition(":")[0].startswith(error.name):
+        return (
+            f"cannot import {spec.partition(':')[0]!r} (no module named {error.name!r}; run from the directory "
+            "that holds it, and give it as module:function without .py)"
+        )
+    return f"cannot load the agent {spec!r}: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+
+
 def load_agent(spec: str) -> RolloutAgent:
     """The agent at ``package.module:name`` (a ``@rollout`` function or any plain function)."""
     module_name, _, attribute = spec.partition(":")

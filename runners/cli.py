@@ -10,6 +10,7 @@ import typer
 
 from lightning_store import aio
 from lightning_store.logs import LogLevel
+from runners.agent import AgentNotLoadable
 from runners.progress import configure_logging
 from runners.supervisor import Runner
 
@@ -62,7 +63,11 @@ def run(
         progress=progress,
     )
     aio.freeze_startup_heap()  # also keeps the exit short: the store command's plugins import torch
-    summary = aio.run(runner.run())
+    try:
+        summary = aio.run(runner.run())
+    except AgentNotLoadable as error:
+        typer.echo(f"store run: {error}", err=True)  # one line, however wide the terminal
+        raise typer.Exit(2) from None
     typer.echo(json.dumps({"summary": summary.statuses, "worker_restarts": summary.worker_restarts}))
     if summary.forced:
         raise typer.Exit(1)  # stopped at once by a second signal: the workers were killed

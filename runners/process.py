@@ -25,7 +25,7 @@ from lightning_store import aio
 from lightning_store.connect import connect, is_server_url
 from lightning_store.logs import quiet_chatty_loggers
 from lightning_store.settings import RunnerSettings
-from runners.agent import load_agent
+from runners.agent import agent_problem, load_agent
 from runners.attempts import RELEASE_SECONDS, release_all
 from runners.openai_defaults import point_openai_defaults
 from runners.worker import EXIT_HUNG, AgentHung, Worker
@@ -82,7 +82,11 @@ async def _serve(config: WorkerConfig, conn: Connection) -> None:
         concurrency=config.concurrency,
         enabled=RunnerSettings().openai_defaults,
     )
-    agent = load_agent(config.agent)
+    try:
+        agent = load_agent(config.agent)
+    except Exception as error:  # the agent's own import may raise anything: all of it means "cannot run it"
+        _send(conn, {"event": "unloadable", "reason": agent_problem(config.agent, error)})
+        return
     instrument_from_settings()  # OpenInference for LangChain / the OpenAI Agents SDK (LIGHTNING_STORE_INSTRUMENT)
     store = await connect(config.store_url, token=config.token)
     worker = Worker(

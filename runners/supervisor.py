@@ -28,6 +28,7 @@ from typing import Any
 from lightning_store.connect import connect
 from lightning_store.contract import LightningStore
 from lightning_store.models import AttemptStatus
+from runners.agent import AgentNotLoadable
 from runners.attempts import RELEASE_SECONDS, end_if_current, outcome, release_all
 from runners.process import WorkerConfig, worker_main
 from runners.progress import ProgressView
@@ -286,6 +287,8 @@ class Runner:
             self._count(event["status"], event["rollout_id"], slot, event.get("reward"))
         elif event["event"] == "released":  # the worker gave it back (or tried to) as it stopped
             slot.attempts.pop(event["attempt_id"], None)
+        elif event["event"] == "unloadable":  # no worker will ever run it: stop everything, say why once
+            raise AgentNotLoadable(event["reason"])
 
     def _count(self, status: str, rollout_id: str, slot: Slot, reward: float | None = None) -> None:
         self.summary.statuses[outcome(status)] += 1

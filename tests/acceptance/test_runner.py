@@ -13,6 +13,7 @@ import pytest
 from lightning_store.models import Rollout, RolloutConfig
 from lightning_store.sql import SqlStore
 from runners import Runner
+from runners.agent import AgentNotLoadable
 
 RETRY = RolloutConfig(max_attempts=2, retry_condition=["failed", "timeout"], timeout_seconds=3)
 
@@ -155,9 +156,18 @@ async def test_two_hundred_rollouts_with_crashes_and_hangs_each_succeed_exactly_
             assert earlier.end_time is not None and earlier.end_time <= later.start_time  # never two at once
 
 
-async def test_a_worker_that_cannot_start_stops_the_runner(served: tuple[SqlStore, str]) -> None:
+async def test_an_agent_that_does_not_load_stops_the_runner_at_once(served: tuple[SqlStore, str]) -> None:
     _, url = served
-    runner = Runner("tests.agents:no_such_agent", url, progress=False)
+    runner = Runner("tests.agents:no_such_agent", url, workers=2, progress=False)
+
+    with pytest.raises(AgentNotLoadable, match=r"module 'tests\.agents' has no attribute 'no_such_agent'"):
+        await asyncio.wait_for(runner.run(), 120)
+    assert runner.summary.worker_restarts == 0
+
+
+async def test_a_worker_that_dies_as_it_starts_stops_the_runner(served: tuple[SqlStore, str]) -> None:
+    _, url = served
+    runner = Runner("tests.exits_at_import:agent", url, progress=False)
 
     with pytest.raises(RuntimeError, match="without claiming a rollout"):
         await asyncio.wait_for(runner.run(), 120)

@@ -1,0 +1,46 @@
+"""``store run`` with a mistyped agent says so in one line and exits 2, at once, instead of restarting its
+workers for ever with a traceback each time (a worker that takes more than the crash-loop window to start, on a
+busy machine, never tripped that rule)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.acceptance.test_cli import store_command
+from tests.acceptance.test_serve import Server, clean_env, wait_healthy
+
+AGENT = "from runners import rollout\n\n\n@rollout\ndef agent(task):\n    return 1.0\n"
+
+
+@pytest.mark.parametrize(
+    ("spec", "line"),
+    [
+        ("my_agnet:agent", "cannot import 'my_agnet' (no module named 'my_agnet'; run from the directory"),
+        ("my_agent.py:agent", "cannot import 'my_agent.py' (no module named 'my_agent.py'; run from the"),
+        ("my_agent.agent", "cannot load the agent 'my_agent.agent': ValueError: an agent is given as module:name"),
+        ("my_agent:agnet", "cannot load the agent 'my_agent:agnet': AttributeError: module 'my_agent' has no"),
+    ],
+)
+async def test_a_mistyped_agent_is_one_line_and_exit_2(spec: str, line: str, tmp_path: Path) -> None:
+    (tmp_path / "my_agent.py").write_text(AGENT)
+    server = Server(cwd=tmp_path)
+    try:
+        await wait_healthy(server.url, server.process)
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [*store_command(), "run", spec, "--store", server.url, "--workers", "2", "--no-progress"],
+            cwd=tmp_path,
+            env={**clean_env(), "COLUMNS": "300"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        server.stop()
+    said = (done.stdout + done.stderr).strip()
+    assert done.returncode == 2 and said.startswith(f"store run: {line}"), said
+    assert len(said.splitlines()) == 1 and "Traceback" not in said, said
