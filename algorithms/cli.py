@@ -237,7 +237,7 @@ def train(
     output.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     with stdout_for_results() as results, contextlib.ExitStack() as stack:
-        from algorithms.local_stack import ProcessFailed, embedded_store, runners
+        from algorithms.local_stack import ExitWatch, ProcessFailed, embedded_store, runners
 
         progress = stack.enter_context(TrainingProgress(steps, out=results))
         if store is None:
@@ -248,7 +248,7 @@ def train(
             console.print(f"[red]{error}[/red]")
             raise typer.Exit(code=1) from None
         runner_log = output / "runner.log"
-        stack.enter_context(
+        runner = stack.enter_context(
             runners(
                 agent,
                 url,
@@ -259,14 +259,24 @@ def train(
                 token=token if store else None,
             )
         )
+        watch = ExitWatch(runner, runner_log, "store run")
+        stack.callback(watch.close)  # before the runner is stopped on purpose
         served: ServedPolicy | None = None
-        if serving is not None and model is not None:
-            progress.phase("loading the model")
-            served = stack.enter_context(_policy(serving, model, output, log_level))
-        connection = (url, token if store else None)
-        run = _train(instance, connection, splits, model, output, steps, resume, served, training, optimizer, progress)
         try:
+            if serving is not None and model is not None:
+                progress.phase("loading the model")
+                served = stack.enter_context(_policy(serving, model, output, log_level))
+            connection = (url, token if store else None)
+            run = _train(
+                instance, connection, splits, model, output, steps, resume, served, training, optimizer, progress
+            )
             history = aio.run(run)["history"]
+        except KeyboardInterrupt:
+            if watch.reason is None:
+                raise
+            stack.close()
+            typer.echo(f"store train: {watch.reason}", err=True)  # e.g. the agent does not load
+            raise typer.Exit(code=2) from None
         except ConfigurationError as error:  # found before any rollout: one line, as a bad option is
             stack.close()
             typer.echo(f"store train: {error}", err=True)  # one line, however wide the terminal

@@ -9,6 +9,7 @@ per request, not the interpreter lock; see docs/benchmarks.md.)
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import ctypes
 import os
@@ -17,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -161,3 +163,27 @@ def runners(
     argv += ["--concurrency", str(concurrency), "--log-level", log_level]
     with subprocess_in(argv, log, env={"LIGHTNING_STORE_TOKEN": token} if token else None) as process:
         yield process
+
+
+class ExitWatch:
+    """Interrupts the main thread (as Ctrl-C does) when ``process`` exits before :meth:`close`, keeping the last
+    line of its ``log`` as :attr:`reason`. ``store train`` watches its runner with it: a runner that stopped (an
+    agent that does not load) leaves no one to run the rollouts the training waits for."""
+
+    def __init__(self, process: subprocess.Popen[bytes], log: Path, what: str) -> None:
+        self.reason: str | None = None
+        self._process, self._log, self._what = process, log, what
+        self._closed = threading.Event()
+        threading.Thread(target=self._watch, name=f"watch-{what}", daemon=True).start()
+
+    def _watch(self) -> None:
+        while not self._closed.wait(0.5):
+            if self._process.poll() is not None:
+                lines = [line for line in log_tail(self._log, 5).splitlines() if line.strip()]
+                last = lines[-1] if lines else "(no log)"
+                self.reason = f"{self._what} exited (status {self._process.returncode}): {last}"
+                _thread.interrupt_main()
+                return
+
+    def close(self) -> None:
+        self._closed.set()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from examples.flight.model import build_tool_namer
 from tests.acceptance.test_cli import store_command
 from tests.acceptance.test_serve import Server, clean_env, wait_healthy
 
@@ -44,3 +45,19 @@ async def test_a_mistyped_agent_is_one_line_and_exit_2(spec: str, line: str, tmp
     said = (done.stdout + done.stderr).strip()
     assert done.returncode == 2 and said.startswith(f"store run: {line}"), said
     assert len(said.splitlines()) == 1 and "Traceback" not in said, said
+
+
+def test_store_train_with_a_mistyped_agent_stops_with_the_runners_line(tmp_path: Path) -> None:
+    """``store train`` watches the runner it started: once that exits (here: the agent does not load), the run
+    stops with the runner's last line and exit status 2, instead of waiting for rollouts no one will run."""
+    build_tool_namer(tmp_path / "model", steps=1)
+    (tmp_path / "train.jsonl").write_text('{"q": 1}\n{"q": 2}\n')
+    argv = [*store_command(), "train", "--algorithm", "grpo", "--agent", "my_agnet:agent"]
+    argv += ["--model", str(tmp_path / "model"), "--train", str(tmp_path / "train.jsonl"), "--steps", "1"]
+    argv += ["--output", str(tmp_path / "run")]
+    done = subprocess.run(argv, cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "store train: store run exited (status 2): store run: cannot import 'my_agnet' (no module named "
+        "'my_agnet'; run from the directory that holds it, and give it as module:function without .py)"
+    ), done.stderr
