@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 
 from lightning_store import aio
+from lightning_store.connect import store_target
+from lightning_store.errors import InvalidRequestError
 from lightning_store.logs import LogLevel
 from runners.agent import AgentNotLoadable
 from runners.progress import configure_logging
@@ -49,6 +51,11 @@ def run(
     """Run rollouts of AGENT from the store's queue in WORKERS processes (each running CONCURRENCY attempts at
     once) until stopped."""
     configure_logging(log_level.number)
+    try:
+        store = store_target(store)
+    except InvalidRequestError as error:
+        typer.echo(f"store run: {error}", err=True)
+        raise typer.Exit(2) from None
     runner = Runner(
         agent,
         store,

@@ -25,7 +25,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from lightning_store.connect import connect
+from lightning_store.connect import connect, store_target
 from lightning_store.contract import LightningStore
 from lightning_store.models import AttemptStatus
 from runners.agent import AgentNotLoadable
@@ -117,7 +117,7 @@ class Runner:
             raise ValueError("workers must be at least 1")
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        self.store_url = store_url
+        self.store_url = store_target(store_url)  # InvalidRequestError for a server address without its scheme
         self.token = token
         self.kill_after = kill_after
         self.grace = grace
@@ -130,7 +130,7 @@ class Runner:
         prefix = f"{socket.gethostname()}:{os.getpid()}"
         base = WorkerConfig(
             agent=agent,
-            store_url=store_url,
+            store_url=self.store_url,
             worker_id="",
             token=token,
             default_timeout=default_timeout,

@@ -161,7 +161,9 @@ class Worker:
         try:
             return await self.store.claim_rollouts(limit=limit, worker_id=self.worker_id, timeout=self.poll_timeout)
         except UNREACHABLE as error:
-            logger.warning("dequeue failed, store unreachable (%s); retrying", type(error).__name__)
+            where = f"the store at {self.server_url}" if self.server_url else "the database"
+            hint = " (is `store serve` running there?)" if self.server_url else ""
+            logger.warning("dequeue failed: cannot reach %s (%s); retrying%s", where, type(error).__name__, hint)
             await asyncio.sleep(1.0)
             return []
 

@@ -1,6 +1,7 @@
-"""``store run`` with a mistyped agent says so in one line and exits 2, at once, instead of restarting its
-workers for ever with a traceback each time (a worker that takes more than the crash-loop window to start, on a
-busy machine, never tripped that rule)."""
+"""A new user's mistakes cost one line each: ``store run`` (and ``store train``) with a mistyped agent stop at
+once instead of restarting workers for ever with a traceback each time (a worker that takes more than the
+crash-loop window to start, on a busy machine, never tripped that rule); a store address without its scheme is
+named as such, and a server URL copied with its ``/v1/agl`` works."""
 
 from __future__ import annotations
 
@@ -61,3 +62,33 @@ def test_store_train_with_a_mistyped_agent_stops_with_the_runners_line(tmp_path:
         "store train: store run exited (status 2): store run: cannot import 'my_agnet' (no module named "
         "'my_agnet'; run from the directory that holds it, and give it as module:function without .py)"
     ), done.stderr
+
+
+def run_store(*arguments: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*store_command(), *arguments],
+        cwd=cwd,
+        env={**clean_env(), "COLUMNS": "300"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+async def test_a_store_address_without_its_scheme_is_one_line_and_the_api_suffix_is_forgiven(tmp_path: Path) -> None:
+    (tmp_path / "my_agent.py").write_text(AGENT)
+    server = Server(cwd=tmp_path)
+    try:
+        await wait_healthy(server.url, server.process)
+        address = server.url.removeprefix("http://")
+        ran = await asyncio.to_thread(run_store, "run", "my_agent:agent", "--store", address, cwd=tmp_path)
+        listed = await asyncio.to_thread(run_store, "rollouts", "list", "--store", address, cwd=tmp_path)
+        suffixed = await asyncio.to_thread(
+            run_store, "rollouts", "list", "--store", f"{server.url}/v1/agl", cwd=tmp_path
+        )
+    finally:
+        server.stop()
+    said = f"{address!r} has no scheme: a store serve is {server.url}, a database a URL such as sqlite:///"
+    assert ran.returncode == 2 and ran.stderr.strip().startswith(f"store run: {said}"), ran.stderr
+    assert listed.returncode == 1 and said in listed.stderr and len(listed.stderr.strip().splitlines()) == 1
+    assert suffixed.returncode == 0 and "no rollouts" in suffixed.stdout, suffixed.stdout + suffixed.stderr
