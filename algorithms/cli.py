@@ -237,7 +237,7 @@ def train(
     output.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     with stdout_for_results() as results, contextlib.ExitStack() as stack:
-        from algorithms.local_stack import ExitWatch, ProcessFailed, embedded_store, runners
+        from algorithms.local_stack import ProcessExited, ProcessFailed, embedded_store, runners, unless_exited
 
         progress = stack.enter_context(TrainingProgress(steps, out=results))
         if store is None:
@@ -259,8 +259,6 @@ def train(
                 token=token if store else None,
             )
         )
-        watch = ExitWatch(runner, runner_log, "store run")
-        stack.callback(watch.close)  # before the runner is stopped on purpose
         served: ServedPolicy | None = None
         try:
             if serving is not None and model is not None:
@@ -270,12 +268,10 @@ def train(
             run = _train(
                 instance, connection, splits, model, output, steps, resume, served, training, optimizer, progress
             )
-            history = aio.run(run)["history"]
-        except KeyboardInterrupt:
-            if watch.reason is None:
-                raise
+            history = aio.run(unless_exited(run, runner, runner_log, "store run"))["history"]
+        except ProcessExited as error:  # e.g. the agent does not load: nothing would ever run the rollouts
             stack.close()
-            typer.echo(f"store train: {watch.reason}", err=True)  # e.g. the agent does not load
+            typer.echo(f"store train: {error}", err=True)
             raise typer.Exit(code=2) from None
         except ConfigurationError as error:  # found before any rollout: one line, as a bad option is
             stack.close()

@@ -9,7 +9,7 @@ per request, not the interpreter lock; see docs/benchmarks.md.)
 
 from __future__ import annotations
 
-import _thread
+import asyncio
 import contextlib
 import ctypes
 import os
@@ -18,13 +18,14 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from lightning_store.client import HttpStore
@@ -165,25 +166,22 @@ def runners(
         yield process
 
 
-class ExitWatch:
-    """Interrupts the main thread (as Ctrl-C does) when ``process`` exits before :meth:`close`, keeping the last
-    line of its ``log`` as :attr:`reason`. ``store train`` watches its runner with it: a runner that stopped (an
-    agent that does not load) leaves no one to run the rollouts the training waits for."""
+class ProcessExited(RuntimeError):
+    """A process the run depends on exited before the run ended; the message ends with its log's last line."""
 
-    def __init__(self, process: subprocess.Popen[bytes], log: Path, what: str) -> None:
-        self.reason: str | None = None
-        self._process, self._log, self._what = process, log, what
-        self._closed = threading.Event()
-        threading.Thread(target=self._watch, name=f"watch-{what}", daemon=True).start()
 
-    def _watch(self) -> None:
-        while not self._closed.wait(0.5):
-            if self._process.poll() is not None:
-                lines = [line for line in log_tail(self._log, 5).splitlines() if line.strip()]
-                last = lines[-1] if lines else "(no log)"
-                self.reason = f"{self._what} exited (status {self._process.returncode}): {last}"
-                _thread.interrupt_main()
-                return
-
-    def close(self) -> None:
-        self._closed.set()
+async def unless_exited(work: Coroutine[Any, Any, T], process: subprocess.Popen[bytes], log: Path, what: str) -> T:
+    """``work``'s result, unless ``process`` exits first: then ``work`` is cancelled and :class:`ProcessExited`
+    raised, naming ``what`` and the last line of ``log``. ``store train`` runs its training under it: a runner
+    that stopped (an agent that does not load) leaves no one to run the rollouts the training waits for."""
+    running = asyncio.ensure_future(work)
+    while not running.done():
+        await asyncio.wait({running}, timeout=0.5)
+        if not running.done() and process.poll() is not None:
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(running, 30)  # its own cleanup (closing the store), bounded
+            lines = [line for line in log_tail(log, 5).splitlines() if line.strip()]
+            last = lines[-1] if lines else "(no log)"
+            raise ProcessExited(f"{what} exited (status {process.returncode}): {last}")
+    return running.result()
