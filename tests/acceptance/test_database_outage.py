@@ -13,7 +13,7 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +118,27 @@ class LoggedServer:
             self._log.close()
 
 
+async def network_to(database_url: str) -> tuple[Network, str]:
+    """A :class:`Network` (up) to the test's Postgres server, and ``database_url`` rewritten to go through it."""
+    target = admin_url()
+    network = Network(target.host or "127.0.0.1", target.port or 5432)
+    await network.up()
+    return network, make_url(database_url).set(port=network.port).render_as_string(hide_password=False)
+
+
+def health_check(http: httpx.AsyncClient, server: LoggedServer) -> Callable[[], Awaitable[bool]]:
+    """Whether ``server`` answers its health route with 200 now (for :func:`until`); fails the test if the
+    process has exited."""
+
+    async def healthy() -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            return (await http.get("/v1/agl/health")).status_code == 200
+        assert server.process.poll() is None, server.log
+        return False
+
+    return healthy
+
+
 async def until(condition: Any, seconds: float, what: str) -> None:
     deadline = time.monotonic() + seconds
     while not await condition():
@@ -166,10 +187,7 @@ async def test_an_outage_answers_503_until_the_database_is_back(
     postgres_url: str,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    target = admin_url()
-    network = Network(target.host or "127.0.0.1", target.port or 5432)
-    await network.up()
-    via_network = make_url(postgres_url).set(port=network.port).render_as_string(hide_password=False)
+    network, via_network = await network_to(postgres_url)
     server = LoggedServer(
         "--database-url",
         via_network,
@@ -180,14 +198,8 @@ async def test_an_outage_answers_503_until_the_database_is_back(
     )
     http = httpx.AsyncClient(base_url=server.url, timeout=30)
     client = HttpStore(server.url)
+    healthy = health_check(http, server)
     try:
-
-        async def healthy() -> bool:
-            with contextlib.suppress(httpx.HTTPError):
-                return (await http.get("/v1/agl/health")).status_code == 200
-            assert server.process.poll() is None, server.log
-            return False
-
         await until(healthy, 30, "store serve answers its health route")
         assert (await http.get("/v1/agl/health")).json() == {"status": "ok", "database": "ok"}
         started = await client.start_rollout({"q": 1})
@@ -246,10 +258,7 @@ async def test_a_stalled_database_is_answered_503_within_the_deadline_and_nothin
     postgres_url: str,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    target = admin_url()
-    network = Network(target.host or "127.0.0.1", target.port or 5432)
-    await network.up()
-    via_network = make_url(postgres_url).set(port=network.port).render_as_string(hide_password=False)
+    network, via_network = await network_to(postgres_url)
     deadline = 2.0
     server = LoggedServer(
         "--database-url",
@@ -259,14 +268,8 @@ async def test_a_stalled_database_is_answered_503_within_the_deadline_and_nothin
     )
     http = httpx.AsyncClient(base_url=server.url, timeout=60)
     client = HttpStore(server.url)
+    healthy = health_check(http, server)
     try:
-
-        async def healthy() -> bool:
-            with contextlib.suppress(httpx.HTTPError):
-                return (await http.get("/v1/agl/health")).status_code == 200
-            assert server.process.poll() is None, server.log
-            return False
-
         await until(healthy, 30, "store serve answers its health route")
         first = await client.enqueue_rollout({"q": 0})
 

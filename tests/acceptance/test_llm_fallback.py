@@ -49,13 +49,17 @@ async def upstream() -> AsyncIterator[tuple[FastAPI, str]]:
 
 
 async def run_agent(
-    store: LightningStore, store_url: str, agent: str, tasks: list[Any], **options: Any
+    store: LightningStore,
+    store_url: str,
+    agent: str,
+    tasks: list[Any],
+    *,
+    module: str = "tests.llm_agents",
+    **options: Any,
 ) -> list[Rollout]:
-    """Enqueue ``tasks``, run ``tests.llm_agents:{agent}`` on them with a runner until all have finished."""
+    """Enqueue ``tasks``, run ``{module}:{agent}`` on them with a runner until all have finished."""
     ids = [(await store.enqueue_rollout(task)).rollout_id for task in tasks]
-    runner = Runner(
-        f"tests.llm_agents:{agent}", store_url, heartbeat_interval=0.5, poll_timeout=1, progress=False, **options
-    )
+    runner = Runner(f"{module}:{agent}", store_url, heartbeat_interval=0.5, poll_timeout=1, progress=False, **options)
     running = asyncio.create_task(runner.run())
     try:
         finished = await store.wait_for_rollouts(rollout_ids=ids, timeout=120)

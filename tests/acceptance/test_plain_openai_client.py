@@ -8,7 +8,6 @@ OpenAI SDK in the agent; the hosted LLM is the scripted stand-in (``tests.script
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,8 +17,8 @@ from fastapi import FastAPI
 
 from lightning_store.resources import LLM
 from lightning_store.sql import SqlStore, open_store
-from runners import Runner
 from runners.openai_defaults import PLACEHOLDER_KEY, point_openai_defaults, worker_base_url
+from tests.acceptance.test_llm_fallback import run_agent
 from tests.conftest import serve_app, serving
 from tests.scripted_upstream import ANSWER_IDS, create_app
 
@@ -41,19 +40,10 @@ async def store(database_url: str) -> AsyncIterator[SqlStore]:
 
 
 async def run(store: SqlStore, url: str, agent: str, tasks: list[Any], **options: Any) -> list[str]:
-    """Run ``tests.plain_openai_agents:{agent}`` on ``tasks`` until all have finished; their rollout ids."""
-    ids = [(await store.enqueue_rollout(task)).rollout_id for task in tasks]
-    runner = Runner(
-        f"tests.plain_openai_agents:{agent}", url, heartbeat_interval=0.5, poll_timeout=1, progress=False, **options
-    )
-    running = asyncio.create_task(runner.run())
-    try:
-        finished = await store.wait_for_rollouts(rollout_ids=ids, timeout=120)
-    finally:
-        runner.stop()
-        await asyncio.wait_for(running, 60)
-    assert sorted(r.status for r in finished) == ["succeeded"] * len(ids)
-    return ids
+    """Run ``tests.plain_openai_agents:{agent}`` on ``tasks`` until all have succeeded; their rollout ids."""
+    finished = await run_agent(store, url, agent, tasks, module="tests.plain_openai_agents", **options)
+    assert [r.status for r in finished] == ["succeeded"] * len(tasks)
+    return [r.rollout_id for r in finished]
 
 
 @pytest.mark.parametrize(
