@@ -72,6 +72,13 @@ def serve(
     llm_api_key: Annotated[
         str | None, typer.Option(help="Bearer key sent to --llm-upstream; env LIGHTNING_STORE_LLM_API_KEY.")
     ] = None,
+    cors_origin: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="An origin whose browser pages may call the API (CORS); repeat for more, * for any; env "
+            "LIGHTNING_STORE_CORS_ORIGINS (comma-separated)."
+        ),
+    ] = None,
     log_level: Annotated[
         str, typer.Option(help="debug (adds a line per request), info, warning or error: uvicorn's and the store's.")
     ] = "info",
@@ -97,6 +104,7 @@ def serve(
         llm_upstream=llm_upstream,
         llm_model=llm_model,
         llm_api_key=llm_api_key,
+        cors_origins=cors_origin or None,
     )
     try:
         with _database_errors("cannot serve", settings.database_url, code=2, serving=True):

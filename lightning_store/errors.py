@@ -20,6 +20,13 @@ class InvalidRequestError(StoreError):
     """An argument is malformed or asks for a transition the store does not allow."""
 
 
+class BadRequestError(InvalidRequestError):
+    """An invalid argument of the kind Agent Lightning's server refuses with HTTP 400 rather than 422, where its
+    clients and tests branch on the status: a page that cannot be served (a sort field the items do not have, a
+    negative offset, a limit below -1) or ``null`` for a field an update cannot clear. Callers of the Python
+    contract can treat it as any :class:`InvalidRequestError`."""
+
+
 class ConflictError(StoreError):
     """The store's state no longer allows the change: a conditional update (``if_current``) of an attempt that
     is no longer its rollout's active, latest attempt. Nothing was written."""

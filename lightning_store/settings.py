@@ -5,10 +5,10 @@ Every field is documented in ``docs/reference/env.md``; keep the two in step.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./lightning_store.db"
 
@@ -72,6 +72,11 @@ class ServerSettings(StoreSettings):
     )
     llm_api_key: str | None = Field(default=None, description="Bearer key the proxy sends to llm_upstream.")
     upstream_timeout: float = Field(default=600.0, gt=0, description="Seconds the proxy waits for the upstream.")
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Origins whose browser pages may call the API (CORS), comma-separated; * for any. Default: "
+        "none (only pages this server serves).",
+    )
     call_record_window: float = Field(
         default=0.05,
         ge=0,
@@ -79,6 +84,13 @@ class ServerSettings(StoreSettings):
         description="Seconds the LLM proxy gathers call records into one write; an attempt's end writes its own at "
         "once. Used when the server runs one process (with --workers N it writes at once).",
     )
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: Any) -> Any:
+        """``a,b`` from the environment, a list from an argument; blanks dropped."""
+        items = value.split(",") if isinstance(value, str) else value
+        return [item.strip() for item in items if item.strip()] if isinstance(items, list) else items
 
 
 def load_server_settings(**overrides: Any) -> ServerSettings:

@@ -1,11 +1,12 @@
 """The FastAPI application behind ``store serve``.
 
 Error contract: a caller's mistake is a 4xx whose JSON body names the field (``{"detail", "field",
-"error_type"}``): 404 for an unknown id, 422 for invalid input, 401 without the token, 413 over the size limit,
-415 for a wrong content type. A database that cannot be reached is a 503 on every route that needs it until it is
-back (clients retry it; ``/v1/agl/health`` says so too): the store raises every outage as
-``DatabaseUnavailableError`` (:func:`lightning_store.sql.engine.unavailable_reason` decides what is one). Anything
-else is a bug and a 500; it is logged with its traceback, never sent to the client.
+"error_type"}``): 404 for an unknown id, 422 for invalid input (400 where Agent Lightning's server answers 400:
+an impossible page or sort, ``null`` for a field an update cannot clear; see ``BadRequestError``), 401 without
+the token, 413 over the size limit, 415 for a wrong content type. A database that cannot be reached is a 503 on
+every route that needs it until it is back (clients retry it; ``/v1/agl/health`` says so too): the store raises
+every outage as ``DatabaseUnavailableError`` (:func:`lightning_store.sql.engine.unavailable_reason` decides what
+is one). Anything else is a bug and a 500; it is logged with its traceback, never sent to the client.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from fastapi_offline import FastAPIOffline
 from sqlalchemy.exc import DBAPIError
@@ -27,13 +29,14 @@ from lightning_store import aio
 from lightning_store.contract import LightningStore
 from lightning_store.dashboard import routes as dashboard
 from lightning_store.errors import (
+    BadRequestError,
     ConflictError,
     DatabaseUnavailableError,
     InvalidRequestError,
     NotFoundError,
     StoreError,
 )
-from lightning_store.server import openapi, otlp, proxy, routes_rollouts, routes_store
+from lightning_store.server import openapi, otlp, proxy, routes_lists, routes_rollouts, routes_store
 from lightning_store.server.direct_proxy import DirectProxy
 from lightning_store.server.guards import Guards
 from lightning_store.server.metrics import Metrics
@@ -86,7 +89,7 @@ def create_app(settings: ServerSettings, store: LightningStore | None = None, *,
     app.state.long_polls = LongPolls()
     app.state.llm_fallback = proxy.fallback_llm(settings)
     app.state.record_counts = RecordCounts()
-    for router in (routes_store.router, routes_rollouts.router, otlp.router, proxy.router):
+    for router in (routes_store.router, routes_rollouts.router, routes_lists.router, otlp.router, proxy.router):
         app.include_router(router)
     dashboard.install(app)
     _add_error_handlers(app)
@@ -94,8 +97,20 @@ def create_app(settings: ServerSettings, store: LightningStore | None = None, *,
     # The guards come first: /metrics needs the token too, and refused requests never reach the app. The proxy's
     # calls are answered before FastAPI's router (DirectProxy), the other requests by FastAPI.
     app_cut_off = CutOff(DirectProxy(app), app.state.long_polls)  # cancelled at shutdown: a 503, not a 500
-    return Guards(
+    guarded = Guards(
         Metrics(app_cut_off, app.state.record_counts), token=settings.token, max_body_bytes=settings.max_body_bytes
+    )
+    if not settings.cors_origins:
+        return guarded
+    # Outermost: a browser's preflight (OPTIONS, no token) is answered here, and every answer, a refusal of the
+    # guards included, carries the headers that let the page read it. As Agent Lightning's --cors-origin.
+    return CORSMiddleware(
+        guarded,
+        allow_origins=["*"] if "*" in settings.cors_origins else settings.cors_origins,
+        allow_methods=["*"],
+        allow_headers=["*"],
+        allow_credentials=True,
+        expose_headers=["*"],
     )
 
 
@@ -116,6 +131,10 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def invalid(_: Request, exc: InvalidRequestError) -> JSONResponse:
         return _error(422, exc, exc.field)
 
+    @app.exception_handler(BadRequestError)  # Starlette picks the handler of the most specific class
+    async def bad_request(_: Request, exc: BadRequestError) -> JSONResponse:
+        return _error(400, exc, exc.field)
+
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         # FastAPI's and Starlette's own refusals (unknown route, wrong method) in the same shape as ours.
@@ -129,7 +148,9 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-        field = ".".join(str(part) for part in first["loc"] if part != "body") or None
+        # Named as the caller wrote it: `limit`, not `query.limit` (FastAPI's location first).
+        loc = list(first["loc"])
+        field = ".".join(str(part) for part in (loc[1:] if loc[:1] in (["body"], ["query"], ["path"]) else loc)) or None
         return JSONResponse(
             {
                 "detail": f"{field}: {first['msg']}" if field else first["msg"],

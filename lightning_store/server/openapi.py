@@ -102,6 +102,30 @@ CONFLICT: dict[tuple[str, str], str] = {
 """The operations that answer 409: conditional updates whose condition no longer holds, and a call on the proxy
 route of a worker that runs no attempt."""
 
+_PAGE_400 = "A page that cannot be served: `sort_by` names no sortable field, `limit` is 0 or below -1, `offset` < 0."
+_NULL_400 = "An explicit null for a field that needs a value (leave the key out to keep the field)."
+BAD_REQUEST: dict[tuple[str, str], str] = {
+    **{
+        (method, path): _PAGE_400
+        for method, path in (
+            ("get", "/v1/agl/rollouts"),
+            ("post", "/v1/agl/rollouts/search"),
+            ("get", "/v1/agl/rollouts/{rollout_id}/attempts"),
+            ("post", "/v1/agl/rollouts/{rollout_id}/attempts/search"),
+            ("get", "/v1/agl/spans"),
+            ("post", "/v1/agl/spans/search"),
+            ("post", "/v1/agl/spans/query"),
+            ("get", "/v1/agl/resources"),
+            ("get", "/v1/agl/workers"),
+            ("post", "/v1/agl/workers/search"),
+        )
+    },
+    ("post", "/v1/agl/rollouts/{rollout_id}"): _NULL_400,
+    ("post", "/v1/agl/rollouts/{rollout_id}/attempts/{attempt_id}"): _NULL_400,
+    ("post", "/v1/agl/workers/{worker_id}"): _NULL_400,
+}
+"""The operations that answer 400, where Agent Lightning's server does (``BadRequestError``)."""
+
 FASTAPI_422 = "Validation Error"
 """FastAPI's description of the 422 it documents (with its own error schema)."""
 ERROR_DESCRIPTIONS = {
@@ -166,6 +190,14 @@ def _successes() -> dict[tuple[str, str], Success]:
         ("post", "/v1/agl/rollouts"): Success(
             "201", "The rollout, started with its first attempt.", _ref("AttemptedRollout")
         ),
+        ("get", "/v1/agl/rollouts"): Success(
+            "200", "A page of rollouts, each with its latest attempt when it has one.", _page("Rollout")
+        ),
+        ("get", "/v1/agl/rollouts/{rollout_id}/attempts"): Success(
+            "200", "A page of the rollout's attempts (empty for an unknown rollout).", _page("Attempt")
+        ),
+        ("get", "/v1/agl/spans"): Success("200", "A page of the rollout's spans.", _page("Span")),
+        ("get", "/v1/agl/workers"): Success("200", "A page of workers.", _page("Worker")),
         ("post", "/v1/agl/rollouts/search"): Success(
             "200", "A page of rollouts, each with its latest attempt when it has one.", _page("Rollout")
         ),
@@ -656,6 +688,8 @@ def _correct_operation(
             if path == "/v1/traces"
             else "The request carries a body that is not `application/json`.",
         )
+    if key in BAD_REQUEST:
+        errors["400"] = _error_response("400", BAD_REQUEST[key])
     if key in NOT_FOUND:
         errors["404"] = _error_response("404", NOT_FOUND[key])
     if key in CONFLICT:

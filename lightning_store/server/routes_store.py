@@ -10,6 +10,7 @@ from pydantic import TypeAdapter
 
 from lightning_store.contract import DocumentReads
 from lightning_store.errors import DatabaseUnavailableError, InvalidRequestError
+from lightning_store.limits import MAX_INT, MIN_INT
 from lightning_store.resources import NamedResources
 from lightning_store.server import wire
 from lightning_store.server.json_body import CheckedJsonRoute
@@ -133,8 +134,8 @@ async def query_resources(
     resources_id_contains: str | None = None,
     sort_by: str | None = None,
     sort_order: Annotated[str, Query(pattern="^(asc|desc)$")] = "asc",
-    limit: int = -1,
-    offset: int = 0,
+    limit: Annotated[int, Query(ge=MIN_INT, le=MAX_INT)] = -1,  # past 64 bits: 422; the store says 400 within
+    offset: Annotated[int, Query(ge=MIN_INT, le=MAX_INT)] = 0,
 ) -> Response:
     page = await store.query_resources(
         resources_id=resources_id,

@@ -87,7 +87,8 @@ def serve(settings: ServerSettings, *, log_level: str = "info") -> None:
     # Workers are separate processes: they read their settings from the environment we pass down.
     for name, value in settings.model_dump(exclude={"workers"}).items():
         if value is not None:
-            os.environ[f"LIGHTNING_STORE_{name.upper()}"] = str(value)
+            text = ",".join(value) if isinstance(value, list) else str(value)  # lists are read back comma-separated
+            os.environ[f"LIGHTNING_STORE_{name.upper()}"] = text
     os.environ["LIGHTNING_STORE_MIGRATE_ON_START"] = "false"
     # An attempt's end may reach another process than its calls did, whose CallRecorder.settled cannot wait for
     # this one's records: no process holds records back in a window.

@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from pydantic_core import to_json
 
 from lightning_store.contract import UNSET
-from lightning_store.errors import InvalidRequestError
-from lightning_store.limits import Count, Id, Int64, Limit
+from lightning_store.errors import BadRequestError
+from lightning_store.limits import Id, Int64
 from lightning_store.models import (
     AttemptEnd,
     AttemptStatus,
@@ -63,8 +63,10 @@ class StartRolloutBody(Body):
 class PageBody(Body):
     sort_by: str | None = None
     sort_order: SortOrder = "asc"
-    limit: Limit = -1
-    offset: Count = 0
+    # Any 64-bit integer gets through the door: the store answers 400 for a limit below -1 or a negative offset,
+    # as Agent Lightning's server does (not the 422 of a type check).
+    limit: Int64 = -1
+    offset: Int64 = 0
 
 
 class QueryRolloutsBody(PageBody):
@@ -100,13 +102,13 @@ class QueryAttemptsBody(PageBody):
 
 class UpdateAttemptBody(Body):
     status: AttemptStatus | None = None
-    worker_id: Id | None = None
+    worker_id: Id | Literal[""] | None = Field(default=None, description='`""` clears it (no worker).')
     last_heartbeat_time: float | None = None
     metadata: dict[str, Any] | None = None
     if_current: bool = False
 
     def changes(self) -> dict[str, Any]:
-        changes = _changes(self, not_null=("status", "worker_id", "last_heartbeat_time", "if_current"))
+        changes = _changes(self, not_null=("status", "worker_id", "last_heartbeat_time", "metadata", "if_current"))
         changes["if_current"] = self.if_current
         return changes
 
@@ -142,7 +144,7 @@ class SearchSpansBody(PageBody):
     attributes_match: dict[str, Any] | None = None
     start_time_from: float | None = None
     start_time_to: float | None = None
-    limit: Limit = 1000
+    limit: Int64 = 1000
 
 
 class SpansBody(Body):
@@ -198,7 +200,8 @@ class UpdateWorkerBody(Body):
 
 
 def _changes(body: BaseModel, not_null: Sequence[str]) -> dict[str, Any]:
-    """The fields the caller sent (absent ones stay ``UNSET``); ``null`` is refused where the store needs a value."""
+    """The fields the caller sent (absent ones stay ``UNSET``); ``null`` is refused (400) where the store needs a
+    value."""
     changes: dict[str, Any] = {}
     for name in type(body).model_fields:
         if name not in body.model_fields_set:
@@ -206,7 +209,7 @@ def _changes(body: BaseModel, not_null: Sequence[str]) -> dict[str, Any]:
             continue
         value = getattr(body, name)
         if value is None and name in not_null:
-            raise InvalidRequestError(f"{name} cannot be null; leave it out to keep the current value", field=name)
+            raise BadRequestError(f"{name} cannot be null; leave it out to keep the current value", field=name)
         changes[name] = value
     return changes
 

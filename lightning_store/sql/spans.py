@@ -277,6 +277,7 @@ class SpanOps(AttemptOps):
         if not rollout_attempt_ids:
             return []
         async with self._write() as (conn, _):
+            rollout_attempt_ids = await self._latest_resolved(conn, rollout_attempt_ids)
             # The same lock as a span write takes: the attempts' rollouts, in rollout order.
             named = among_value(self.dialect, sorted({a for _, a in rollout_attempt_ids}))
             rows = await conn.execute(_lock_attempts_statement(self.dialect), {"attempt_ids": named})
@@ -287,6 +288,21 @@ class SpanOps(AttemptOps):
                         f"attempt {attempt_id!r} of rollout {rollout_id!r} not found", field=f"{i}.attempt_id"
                     )
             return await _take_sequence_ids(conn, [rollout_id for rollout_id, _ in rollout_attempt_ids])
+
+    async def _latest_resolved(
+        self, conn: AsyncConnection, pairs: Sequence[tuple[str, str]]
+    ) -> Sequence[tuple[str, str]]:
+        """``pairs`` with each ``"latest"`` attempt id replaced by its rollout's latest attempt (Agent Lightning's
+        client asks for ``"latest"``); a rollout without attempts keeps ``"latest"``, which names none."""
+        wanted = [rollout_id for rollout_id, attempt_id in pairs if attempt_id == "latest"]
+        if not wanted:
+            return pairs
+        latest = await self._latest_attempts(conn, wanted)
+        resolved = {rollout_id: attempt.attempt_id for rollout_id, attempt in latest.items()}
+        return [
+            (rollout_id, resolved.get(rollout_id, attempt_id) if attempt_id == "latest" else attempt_id)
+            for rollout_id, attempt_id in pairs
+        ]
 
     async def query_spans(
         self, rollout_id: str, attempt_id: str | None = None, **filters: Any

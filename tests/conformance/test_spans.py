@@ -723,13 +723,13 @@ async def test_query_spans_limit_and_offset_page_with_total(store: LightningStor
     assert list(past_end) == [] and past_end.total == 5
 
 
-async def test_query_spans_limit_zero_returns_only_the_total(store: LightningStore) -> None:
+async def test_query_spans_refuses_a_limit_of_zero(store: LightningStore) -> None:
+    # As Agent Lightning's server refuses it (400 over HTTP): -1 is "no limit", a page holds at least one item.
     rollout = await store.start_rollout({"q": 1})
-    await store.add_many_spans([make_span(rollout, f"s{i}", sequence_id=i) for i in range(1, 4)])
 
-    result = await store.query_spans(rollout.rollout_id, limit=0)
-
-    assert list(result) == [] and result.total == 3
+    with pytest.raises(InvalidRequestError) as caught:
+        await store.query_spans(rollout.rollout_id, limit=0)
+    assert caught.value.field == "limit"
 
 
 async def test_query_spans_rejects_unknown_sort_field(store: LightningStore) -> None:

@@ -77,7 +77,6 @@ def span_json(rollout: AttemptedRollout, span_id: str, **changes: Any) -> dict[s
         ("/v1/agl/queues/rollouts/enqueue", {"rollouts": [{"input": 1, "surprise": True}]}, "rollouts.0.surprise"),
         ("/v1/agl/queues/rollouts/enqueue", {}, "rollouts"),
         ("/v1/agl/rollouts/search", {"limit": "many"}, "limit"),
-        ("/v1/agl/rollouts/search", {"sort_by": "input"}, "sort_by"),
         ("/v1/agl/waits/rollouts", {"rollout_ids": "ro-1"}, "rollout_ids"),
         ("/v1/agl/resources", {"llm": {"resource_type": "llm"}}, "resources.llm.llm.endpoint"),
     ],
@@ -89,6 +88,23 @@ async def test_invalid_bodies_are_422_naming_the_field(
     assert response.status_code == 422, response.text
     assert response.json()["field"] == field
     assert await counts(sql_store) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v1/agl/rollouts/search", {"sort_by": "input"}, "sort_by"),
+        ("/v1/agl/rollouts/search", {"limit": 0}, "limit"),
+        ("/v1/agl/rollouts/search", {"offset": -1}, "offset"),
+        ("/v1/agl/workers/search", {"sort_by": "heartbeat_stats"}, "sort_by"),
+    ],
+)
+async def test_impossible_pages_are_400_as_in_agent_lightning(
+    http: httpx.AsyncClient, path: str, body: Any, field: str
+) -> None:
+    response = await http.post(path, json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["field"] == field
 
 
 async def test_malformed_json_is_422_not_500(http: httpx.AsyncClient) -> None:
@@ -103,7 +119,7 @@ async def test_null_status_in_update_is_refused_and_changes_nothing(
 ) -> None:
     rollout = await sql_store.enqueue_rollout(1, metadata={"keep": True})
     response = await http.post(f"/v1/agl/rollouts/{rollout.rollout_id}", json={"status": None, "metadata": {}})
-    assert response.status_code == 422 and response.json()["field"] == "status"
+    assert response.status_code == 400 and response.json()["field"] == "status"  # Agent Lightning's status
     assert await sql_store.get_rollout_by_id(rollout.rollout_id) == rollout
 
 
