@@ -138,8 +138,12 @@ def train(
         str,
         typer.Option(help="Registered algorithm (store algorithms list).", is_eager=True, callback=_runnable_algorithm),
     ],
-    agent: Annotated[str, typer.Option(help="The agent, as module:name.")],
-    train_file: Annotated[Path, typer.Option("--train", help="Training tasks, JSON Lines.", exists=True)],
+    agent: Annotated[
+        str | None, typer.Option(help="The agent, as module:name (not with --workers 0).", show_default=False)
+    ] = None,
+    train_file: Annotated[
+        Path | None, typer.Option("--train", help="Training tasks, JSON Lines [required].", exists=True)
+    ] = None,
     model: Annotated[
         Path | None,
         typer.Option(help="Model directory (transformers format); the RL algorithms' only.", exists=True),
@@ -158,7 +162,14 @@ def train(
             show_default=False,
         ),
     ] = None,
-    workers: Annotated[int, typer.Option(min=1, help="Runner worker processes.")] = 4,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Runner worker processes; 0: none, the rollouts are run by runners you start against --store "
+            "(store run, or Agent Lightning's).",
+        ),
+    ] = 4,
     concurrency: Annotated[
         int, typer.Option(min=1, help="Attempts each worker runs at once (their LLM calls are decoded together).")
     ] = 1,
@@ -201,6 +212,16 @@ def train(
     On a terminal: a progress bar, then a summary. Otherwise: one JSON line per step on stdout, then a summary line.
     An algorithm that trains no weights (apo) needs no --model and starts no policy server."""
     configure_logging(log_level)
+    if train_file is None:
+        raise typer.BadParameter("give the training tasks (JSON Lines)", param_hint="--train")
+    if workers == 0 and store is None:
+        raise typer.BadParameter(
+            "with --workers 0 your own runners run the rollouts: give the store server they claim from",
+            param_hint="--store",
+        )
+    if workers > 0 and agent is None:
+        hint = "give the agent as module:name (or --workers 0 and runners of your own)"
+        raise typer.BadParameter(hint, param_hint="--agent")
     algorithm_class = load_runnable(algorithm)  # checked by _runnable_algorithm
     needs_policy = algorithm_class.needs_policy
     serving: PolicyServerSettings | None = None
@@ -248,17 +269,19 @@ def train(
             console.print(f"[red]{error}[/red]")
             raise typer.Exit(code=1) from None
         runner_log = output / "runner.log"
-        runner = stack.enter_context(
-            runners(
-                agent,
-                url,
-                workers=workers,
-                concurrency=concurrency,
-                log=runner_log,
-                log_level=log_level.value,
-                token=token if store else None,
+        runner = None
+        if agent is not None and workers > 0:
+            runner = stack.enter_context(
+                runners(
+                    agent,
+                    url,
+                    workers=workers,
+                    concurrency=concurrency,
+                    log=runner_log,
+                    log_level=log_level.value,
+                    token=token if store else None,
+                )
             )
-        )
         served: ServedPolicy | None = None
         try:
             if serving is not None and model is not None:
@@ -268,7 +291,9 @@ def train(
             run = _train(
                 instance, connection, splits, model, output, steps, resume, served, training, optimizer, progress
             )
-            history = aio.run(unless_exited(run, runner, runner_log, "store run"))["history"]
+            # Without runners of its own, the training waits for whoever claims its rollouts.
+            watched = run if runner is None else unless_exited(run, runner, runner_log, "store run")
+            history = aio.run(watched)["history"]
         except ProcessExited as error:  # e.g. the agent does not load: nothing would ever run the rollouts
             stack.close()
             typer.echo(f"store train: {error}", err=True)

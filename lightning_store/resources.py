@@ -55,6 +55,11 @@ class LLM(BaseModel):
         "model left to choose never calls its tool.",
     )
 
+    def get_base_url(self, *args: Any, **kwargs: Any) -> str:
+        """The endpoint (Agent Lightning's ``LLM.get_base_url``: an LLM a runner gives an agent is bound to its
+        attempt already, so the rollout and attempt ids change nothing)."""
+        return self.endpoint
+
 
 class ProxyLLM(BaseModel):
     """An LLM reached through the store's proxy, which binds each call to a rollout attempt."""

@@ -100,13 +100,21 @@ def agent_problem(spec: str, error: BaseException) -> str:
 
 
 def load_agent(spec: str) -> RolloutAgent:
-    """The agent at ``package.module:name`` (a ``@rollout`` function or any plain function)."""
+    """The agent at ``package.module:name``: a ``@rollout`` function, any plain function, or an object (or a class
+    made without arguments) with ``as_rollout_agent()`` (an Agent Lightning ``LitAgent``,
+    :mod:`runners.agentlightning`)."""
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise ValueError(f"an agent is given as module:name, not {spec!r}")
     target: Any = importlib.import_module(module_name)
     for part in attribute.split("."):
         target = getattr(target, part)
+    if isinstance(target, type) and hasattr(target, "as_rollout_agent"):
+        target = target()  # an agent class made without arguments (Agent Lightning's LitAgent)
+    convert = getattr(target, "as_rollout_agent", None)
+    if callable(convert):  # an agent object that says how to run it (runners.agentlightning.LitAgent)
+        agent: RolloutAgent = convert()
+        return agent
     if not callable(target):
         raise TypeError(f"{spec} is not callable")
     return rollout(target)

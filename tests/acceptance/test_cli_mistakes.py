@@ -92,3 +92,21 @@ async def test_a_store_address_without_its_scheme_is_one_line_and_the_api_suffix
     assert ran.returncode == 2 and ran.stderr.strip().startswith(f"store run: {said}"), ran.stderr
     assert listed.returncode == 1 and said in listed.stderr and len(listed.stderr.strip().splitlines()) == 1
     assert suffixed.returncode == 0 and "no rollouts" in suffixed.stdout, suffixed.stdout + suffixed.stderr
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (["--workers", "0"], "--store"),  # no runners of its own and no server for other runners to claim from
+        (["--workers", "2"], "--agent"),  # runners of its own and no agent for them
+        (["--agent", "my_agent:agent"], "--train"),
+    ],
+)
+def test_store_train_says_which_option_is_missing(options: list[str], named: str, tmp_path: Path) -> None:
+    (tmp_path / "train.jsonl").write_text('{"q": 1}\n')
+    argv = [*store_command(), "train", "--algorithm", "apo", *options, "--output", str(tmp_path / "run")]
+    if named != "--train":
+        argv += ["--train", str(tmp_path / "train.jsonl")]
+    done = subprocess.run(argv, cwd=tmp_path, env={**clean_env(), "COLUMNS": "300"}, capture_output=True, text=True)
+    assert done.returncode == 2 and named in done.stderr, done.stderr
+    assert not (tmp_path / "run").exists()  # refused before anything started

@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request, Response
 
 from lightning_store.client import HttpStore
 from lightning_store.contract import LightningStore
-from lightning_store.models import Rollout
+from lightning_store.models import Rollout, RolloutMode
 from lightning_store.semconv import EXCEPTION
 from lightning_store.sql import SqlStore, open_store
 from runners import Runner
@@ -55,10 +55,11 @@ async def run_agent(
     tasks: list[Any],
     *,
     module: str = "tests.llm_agents",
+    mode: RolloutMode | None = None,
     **options: Any,
 ) -> list[Rollout]:
-    """Enqueue ``tasks``, run ``{module}:{agent}`` on them with a runner until all have finished."""
-    ids = [(await store.enqueue_rollout(task)).rollout_id for task in tasks]
+    """Enqueue ``tasks`` (in ``mode``), run ``{module}:{agent}`` on them with a runner until all have finished."""
+    ids = [(await store.enqueue_rollout(task, mode=mode)).rollout_id for task in tasks]
     runner = Runner(f"{module}:{agent}", store_url, heartbeat_interval=0.5, poll_timeout=1, progress=False, **options)
     running = asyncio.create_task(runner.run())
     try:
