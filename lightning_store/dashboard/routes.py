@@ -24,6 +24,11 @@ def install(app: FastAPI) -> None:
     async def dashboard_root() -> RedirectResponse:
         return RedirectResponse(f"{auth.PREFIX}/", status_code=307)
 
+    @app.get("/", include_in_schema=False)
+    async def server_root() -> RedirectResponse:
+        # A browser pointed at the server's address lands on the dashboard (Agent Lightning's server shows its own).
+        return RedirectResponse(f"{auth.PREFIX}/", status_code=307)
+
     @app.exception_handler(DashboardUnavailableError)
     async def unavailable(request: Request, exc: DashboardUnavailableError) -> HTMLResponse:
         return render(request, "unavailable.html", {"reason": str(exc)}, status_code=503)

@@ -19,7 +19,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-OPEN_PATHS = ("/v1/agl/health",)
+OPEN_PATHS = ("/v1/agl/health", "/")  # "/" only redirects to the dashboard, which asks for the token itself
 JSON_TYPES = ("application/json",)
 OTLP_TYPES = ("application/x-protobuf", "application/json")
 

@@ -53,6 +53,15 @@ class _Suspect(Exception):
     """A value that may break the store's limits: its span is converted again and judged by ``check_json``."""
 
 
+@router.post("/v1/metrics", include_in_schema=False)
+@router.post("/v1/logs", include_in_schema=False)
+@router.post("/v1/development/profiles", include_in_schema=False)
+async def other_signals() -> Response:
+    """OTLP's other signals: 501, as Agent Lightning's server answers (an exporter of metrics or logs pointed at
+    the store's base URL gets a clear "not here", not a 404 that reads as a wrong address)."""
+    return Response(status_code=501)
+
+
 @router.post("/v1/traces")
 async def export_traces(request: Request, store: Store) -> Response:
     body = _decompressed(await request.body(), request.headers.get("content-encoding", ""), request.app.state.max_body)

@@ -207,6 +207,9 @@ SCENARIO: list[Step] = [
     _get("rollout r1", "/v1/agl/rollouts/{r1}"),
     _get("rollouts by end time", "/v1/agl/rollouts", "sort_by=end_time&sort_order=desc"),
     _get("worker w3 after", "/v1/agl/workers/w3"),
+    _post("OTLP metrics (not served)", "/v1/metrics"),
+    _post("OTLP logs (not served)", "/v1/logs"),
+    _get("an unknown API path", "/v1/agl/nothing-here"),
 ]
 
 

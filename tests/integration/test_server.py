@@ -107,6 +107,11 @@ async def test_impossible_pages_are_400_as_in_agent_lightning(
     assert response.json()["field"] == field
 
 
+async def test_the_root_leads_to_the_dashboard(http: httpx.AsyncClient) -> None:
+    response = await http.get("/")
+    assert response.status_code == 307 and response.headers["location"] == "/dashboard/"
+
+
 async def test_malformed_json_is_422_not_500(http: httpx.AsyncClient) -> None:
     response = await http.post(
         "/v1/agl/queues/rollouts/enqueue", content=b"{not json", headers={"content-type": "application/json"}
