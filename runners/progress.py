@@ -1,5 +1,5 @@
-"""What the runner shows: a live rich display on a terminal, one structured log line per attempt otherwise; and
-how the runner and its workers log."""
+"""What the runner shows: a live rich display on a terminal, otherwise one JSON line per finished attempt on
+stdout; and how the runner and its workers log (on stderr)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ from rich.live import Live
 from rich.table import Table
 
 from lightning_store.logs import quiet_chatty_loggers
-
-logger = logging.getLogger("runners.progress")
 
 
 class ProgressView:
@@ -61,7 +59,9 @@ class ProgressView:
             record |= {"worker": worker_id, "reward": reward, "done": self.done, "rate_per_s": round(self.rate, 3)}
             if self.reward_mean is not None:
                 record["reward_mean"] = round(self.reward_mean, 4)
-            logger.info(json.dumps(record))
+            # On stdout, bare: a JSON line per attempt that jq reads as it is (the log, with its prefixes, is stderr).
+            sys.stdout.write(json.dumps(record) + "\n")
+            sys.stdout.flush()
         self._refresh()
 
     @property

@@ -158,7 +158,7 @@ async def test_each_attempt_is_logged_with_its_reward_and_no_request_lines(
     runner = launch(server.url, "tests.agents:async_agent", "--idle-exit", "2")
     assert await asyncio.to_thread(runner.wait, 60) == 0
     text = output(runner)
-    finished = [json.loads(line.split(" INFO ", 1)[1]) for line in text.splitlines() if "attempt_finished" in line]
+    finished = [json.loads(line) for line in text.splitlines() if line.startswith('{"event": "attempt_finished"')]
     assert sorted(record["reward"] for record in finished) == [0.0, 0.5, 1.0], text
     assert finished[-1]["reward_mean"] == 0.5 and finished[-1]["done"] == 3
     assert "HTTP Request" not in text  # httpx's line per request: only at --log-level debug

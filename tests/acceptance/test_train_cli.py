@@ -75,7 +75,7 @@ def test_store_train_runs_checkpoints_and_resumes(tmp_path: Path) -> None:
     assert "HTTP/1.1" not in serve_log  # no line per request below debug
     runner_log = (run / "runner.log").read_text()
     assert "HTTP Request" not in runner_log, runner_log[-3000:]
-    lines = [line.split(" INFO ", 1)[1] for line in runner_log.splitlines() if "attempt_finished" in line]
+    lines = [line for line in runner_log.splitlines() if line.startswith('{"event": "attempt_finished"')]
     finished = [json.loads(line) for line in lines]
     assert len(finished) >= 2 + 4 + 2  # the evaluations before and after the step, and the step's rollouts
     succeeded = [record for record in finished if record["status"] == "succeeded"]
