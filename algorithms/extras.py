@@ -27,8 +27,8 @@ TRAIN_MODULES = ("torch", "transformers")
 """What the ``train`` extra installs that its commands cannot do without."""
 
 MISSING_EXTRA = "missing_extra"
-"""The attribute ``lightning_store.cli`` reads on an entry point's target (see ``lightning_store.cli.MISSING_EXTRA``;
-not imported from there, so that this module stays free of the CLI)."""
+"""The attribute ``lightning_store.cli`` reads on an entry point's target (see
+``lightning_store.cli.root.MISSING_EXTRA``; not imported from there, so that this module stays free of the CLI)."""
 
 
 def train_extra_missing() -> str | None:

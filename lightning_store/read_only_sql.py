@@ -20,7 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from lightning_store.export_reader import reader
+from lightning_store.export.reader import reader
 
 READER_ROLE = "lightning_store_reader"
 _ROLE_USABLE = sa.text(

@@ -1,5 +1,5 @@
-"""The batched deleter of ``store prune`` (:mod:`lightning_store.prune` holds the rules and the summary): pages of
-selected rollouts, batches of whole rollouts, one short transaction per batch that checks the selection again.
+"""The batched deleter of ``store prune`` (:mod:`lightning_store.sql.prune_rules` holds the rules and the summary):
+pages of selected rollouts, batches of whole rollouts, one short transaction per batch that checks the selection again.
 Kept apart from the rules so that the ``store`` command loads the SQL store only when it prunes."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator, Callable
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from lightning_store.prune import DEFAULT_BATCH_ROWS, DEFAULT_PAUSE, Rules, Summary
 from lightning_store.sql import retention
 from lightning_store.sql.engine import WRITE_OPTION, unavailable_as_error
+from lightning_store.sql.prune_rules import DEFAULT_BATCH_ROWS, DEFAULT_PAUSE, Rules, Summary
 from lightning_store.sql.retention import Candidate, Selection, runs_in_progress
 
 RETRIES = 10

@@ -1,4 +1,4 @@
-"""The SQL of ``store prune`` (:mod:`lightning_store.prune`): which rollouts may go, and one batch's delete.
+"""The SQL of ``store prune`` (:mod:`lightning_store.sql.prune_rules`): which rollouts may go, and one batch's delete.
 
 Every statement here names rollouts by their own columns and values bound at the call, so a batch's delete can
 check again, in its own transaction, the condition that selected it (docs/reference/prune.md).
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from lightning_store.models import ROLLOUT_STATUSES, TERMINAL_ROLLOUT_STATUSES
-from lightning_store.prune import MODE_NONE, Rules, Run, Runs
+from lightning_store.sql.prune_rules import MODE_NONE, Rules, Run, Runs
 from lightning_store.sql.schema import attempts, llm_calls, rollouts, spans
 
 UNFINISHED = tuple(status for status in ROLLOUT_STATUSES if status not in TERMINAL_ROLLOUT_STATUSES)

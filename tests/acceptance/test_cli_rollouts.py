@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 from lightning_store import LLM
 from lightning_store.cli import app
-from lightning_store.cli_rollouts import ModeChoice, StatusChoice
+from lightning_store.cli.rollouts import ModeChoice, StatusChoice
 from lightning_store.client import HttpStore
 from lightning_store.llm_calls import LlmCall
 from lightning_store.models import ROLLOUT_MODES, ROLLOUT_STATUSES, AttemptedRollout, RolloutConfig, RolloutMode

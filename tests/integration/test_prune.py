@@ -29,9 +29,9 @@ from lightning_store.cli import app
 from lightning_store.llm_calls import LlmCall
 from lightning_store.migrate import head_revision
 from lightning_store.models import RolloutMode, RolloutStatus
-from lightning_store.prune import Rules, Summary
 from lightning_store.spans import Span
 from lightning_store.sql import SqlStore, open_store
+from lightning_store.sql.prune_rules import Rules, Summary
 from lightning_store.sql.pruner import Pruner
 from tests.acceptance.test_serve import Server, clean_env, wait_healthy
 

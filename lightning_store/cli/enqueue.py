@@ -1,6 +1,6 @@
 """``store enqueue``: put tasks in the queue from a JSON Lines file or stdin.
 
-Contract: every line is read and checked first (:mod:`lightning_store.cli_tasks`); one bad line, or an empty
+Contract: every line is read and checked first (:mod:`lightning_store.cli.tasks`); one bad line, or an empty
 input, and nothing is written (exit status 1, each bad line named on stderr). Then the rollouts are enqueued in
 batches (at most :data:`BATCH` rollouts and about :data:`BATCH_BYTES` of JSON each), each batch all or none
 (``enqueue_many_rollouts``); stdout gets each rollout's id on its own line as its batch is written (``--json``:
@@ -23,8 +23,8 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from lightning_store.cli_common import DEFAULT_STORE, StoreTarget, Token, errors, fail, with_store
-from lightning_store.cli_tasks import Defaults, read_requests
+from lightning_store.cli.common import DEFAULT_STORE, StoreTarget, Token, errors, fail, with_store
+from lightning_store.cli.tasks import Defaults, read_requests
 from lightning_store.contract import LightningStore
 from lightning_store.errors import InvalidRequestError
 from lightning_store.limits import check_json

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import typer
 
-from lightning_store.cli_common import DEFAULT_STORE, AsJson, StoreTarget, Token, fail, print_records, with_store
+from lightning_store.cli.common import DEFAULT_STORE, AsJson, StoreTarget, Token, fail, print_records, with_store
 from lightning_store.contract import LightningStore
 from lightning_store.errors import InvalidRequestError
 from lightning_store.limits import check_json, text_problem

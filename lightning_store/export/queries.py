@@ -16,7 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.sql.elements import TextClause
 
-from lightning_store.export_schema import DATASETS, Dataset
+from lightning_store.export.schema import DATASETS, Dataset
 
 
 class ExportFilterError(ValueError):

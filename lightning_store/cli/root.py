@@ -1,5 +1,6 @@
-"""The ``store`` command. Subcommands from other packages arrive through the ``lightning_store.commands``
-entry-point group: each entry point names a ``typer.Typer`` (added as a group) or a function (a command)."""
+"""The ``store`` command's root: the Typer app with this package's commands. Subcommands from other packages arrive
+through the ``lightning_store.commands`` entry-point group: each entry point names a ``typer.Typer`` (added as a
+group) or a function (a command)."""
 
 from __future__ import annotations
 
@@ -18,19 +19,19 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from lightning_store.cli_common import database_failure, errors, fail
-from lightning_store.cli_enqueue import enqueue
-from lightning_store.cli_export import export
-from lightning_store.cli_prune import prune
-from lightning_store.cli_resources import resources
-from lightning_store.cli_rollouts import rollouts
+from lightning_store.cli.common import database_failure, errors, fail
+from lightning_store.cli.enqueue import enqueue
+from lightning_store.cli.export import export
+from lightning_store.cli.prune import prune
+from lightning_store.cli.resources import resources
+from lightning_store.cli.rollouts import rollouts
 from lightning_store.settings import load_settings
 from lightning_store.sql.engine import missing_sqlite_file
 
 app = typer.Typer(help="lightning-store: a durable rollout and span store for agent RL.", no_args_is_help=True)
 console = Console()
 logger = logging.getLogger(__name__)
-# The workflow commands, through the store contract (server or database): see lightning_store/cli_common.py.
+# The workflow commands, through the store contract (server or database): see lightning_store/cli/common.py.
 app.command()(enqueue)
 app.command()(prune)
 app.command()(export)
@@ -283,7 +284,3 @@ def _load_plugins() -> None:
 def main() -> None:
     _load_plugins()
     app()
-
-
-if __name__ == "__main__":
-    main()

@@ -19,9 +19,9 @@ import typer
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from lightning_store import aio
-from lightning_store.cli_common import database_failure, errors, fail
-from lightning_store.export_queries import ExportFilterError, ExportFilters
-from lightning_store.export_writers import (
+from lightning_store.cli.common import database_failure, errors, fail
+from lightning_store.export.queries import ExportFilterError, ExportFilters
+from lightning_store.export.writers import (
     DEFAULT_BATCH_SIZE,
     PARQUET_HINT,
     ExportFormat,

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from lightning_store.export_queries import (
+from lightning_store.export.queries import (
     RUN_STEPS,
     ExportFilterError,
     ExportFilters,
@@ -31,9 +31,9 @@ from lightning_store.export_queries import (
     dataset_queries,
     run_rollout,
 )
-from lightning_store.export_reader import begin_snapshot, end_snapshot, reader
-from lightning_store.export_schema import ARROW_TYPES, DATASETS, convert
-from lightning_store.export_writers import (
+from lightning_store.export.reader import begin_snapshot, end_snapshot, reader
+from lightning_store.export.schema import ARROW_TYPES, DATASETS, convert
+from lightning_store.export.writers import (
     DEFAULT_BATCH_SIZE,
     ExportFormat,
     MissingExtraError,

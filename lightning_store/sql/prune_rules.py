@@ -1,7 +1,7 @@
 """Retention: delete the spans (or whole rollouts) of finished rollouts older than an age or outside some modes,
 in short transactions beside a serving store: the rules, what a prune reports, and the runs that protect rollouts.
 The deleter is :class:`lightning_store.sql.pruner.Pruner`, the SQL :mod:`lightning_store.sql.retention`,
-``store prune`` (:mod:`lightning_store.cli_prune`) the command; docs/reference/prune.md states the rules.
+``store prune`` (:mod:`lightning_store.cli.prune`) the command; docs/reference/prune.md states the rules.
 
 Rules, in short: only terminal rollouts that ended before the cutoff go, never a training run's own rollout
 (unless asked), never what a training run in progress may still read. A batch is a set of whole rollouts, all of

@@ -13,7 +13,7 @@ from rich.console import Group, RenderableType
 from rich.padding import Padding
 from rich.text import Text
 
-from lightning_store.cli_common import out
+from lightning_store.cli.common import out
 from lightning_store.transcript import Event, text_of
 
 INDENT = 8

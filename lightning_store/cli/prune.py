@@ -1,5 +1,5 @@
 """``store prune``: delete the spans (or whole rollouts) of finished rollouts by age and mode, beside a serving
-store, in short transactions (:mod:`lightning_store.prune`; the rules in docs/reference/prune.md).
+store, in short transactions (:mod:`lightning_store.sql.prune_rules`; the rules in docs/reference/prune.md).
 
 It works on the database (``--database-url``), as ``store sql`` does. Without ``--yes`` it shows what would go
 and asks on a terminal; elsewhere (a script, cron) it refuses to delete without ``--yes``.
@@ -21,9 +21,9 @@ from rich.table import Table
 from sqlalchemy.engine import make_url
 
 from lightning_store import aio
-from lightning_store.cli_common import database_failure, errors, fail, out
-from lightning_store.prune import DEFAULT_BATCH_ROWS, DEFAULT_PAUSE, Rules, Summary, parse_duration
+from lightning_store.cli.common import database_failure, errors, fail, out
 from lightning_store.settings import load_settings
+from lightning_store.sql.prune_rules import DEFAULT_BATCH_ROWS, DEFAULT_PAUSE, Rules, Summary, parse_duration
 
 WHAT = "cannot prune"
 

@@ -1,7 +1,7 @@
 """``store rollouts``: list and inspect rollouts and attempts from the terminal, and show what an attempt did.
 
 Every command reads through the store contract only, so it works the same against a ``store serve`` URL and a
-database URL (``--store``, see :mod:`lightning_store.cli_common`), with a fixed number of store calls per
+database URL (``--store``, see :mod:`lightning_store.cli.common`), with a fixed number of store calls per
 command: ``list`` makes two for a whole page (the rollouts with their latest attempts, then one span search for
 those attempts' rewards and exceptions), ``show`` four, ``transcript`` four. Rewards and errors follow the rules
 of :mod:`lightning_store.transcript`, which are the SQL views' (docs/reference/sql.md).
@@ -20,8 +20,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from lightning_store.cli_common import DEFAULT_STORE, AsJson, StoreTarget, Token, out, print_records, with_store
-from lightning_store.cli_transcript import clock, print_json_lines, print_transcript
+from lightning_store.cli.common import DEFAULT_STORE, AsJson, StoreTarget, Token, out, print_records, with_store
+from lightning_store.cli.transcript import clock, print_json_lines, print_transcript
 from lightning_store.contract import LightningStore
 from lightning_store.errors import NotFoundError
 from lightning_store.llm_calls import LlmCall

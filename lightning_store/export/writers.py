@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Protocol
 
-from lightning_store.export_schema import Dataset, arrow_schema
+from lightning_store.export.schema import Dataset, arrow_schema
 
 DEFAULT_BATCH_SIZE = 10_000
 """Rows read from the database and written to the file at a time, unless the caller says."""
