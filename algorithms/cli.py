@@ -142,7 +142,7 @@ def train(
         str | None, typer.Option(help="The agent, as module:name (not with --workers 0).", show_default=False)
     ] = None,
     train_file: Annotated[
-        Path | None, typer.Option("--train", help="Training tasks, JSON Lines [required].", exists=True)
+        Path | None, typer.Option("--train", help="Training tasks, JSON Lines (required).", exists=True)
     ] = None,
     model: Annotated[
         Path | None,
@@ -189,9 +189,11 @@ def train(
         str | None, typer.Option(help="torch (in this process, the default) or deepspeed.", show_default=False)
     ] = None,
     processes: Annotated[
-        int | None, typer.Option(help="DeepSpeed ranks, this process included [default: 2].", show_default=False)
+        int | None, typer.Option(help="DeepSpeed ranks, this process included \\[default: 2].", show_default=False)
     ] = None,
-    zero_stage: Annotated[int | None, typer.Option(help="DeepSpeed ZeRO stage, 1 or 2 [default: 2].")] = None,
+    zero_stage: Annotated[
+        int | None, typer.Option(help="DeepSpeed ZeRO stage, 1 or 2 \\[default: 2].", show_default=False)
+    ] = None,
     deepspeed_config: Annotated[
         Path | None, typer.Option(help="JSON file of DeepSpeed options over the generated ones.", exists=True)
     ] = None,

@@ -48,20 +48,30 @@ DatabaseUrl = Annotated[
 
 @app.command()
 def serve(
-    host: Annotated[str | None, typer.Option(help="Address to bind [default: 127.0.0.1].")] = None,
-    port: Annotated[int | None, typer.Option(help="Port [default: 4747].")] = None,
+    host: Annotated[
+        str | None, typer.Option(help="Address to bind \\[default: 127.0.0.1].", show_default=False)
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="Port \\[default: 4747].", show_default=False)] = None,
     database_url: DatabaseUrl = None,
-    workers: Annotated[int | None, typer.Option(help="Server processes (Postgres only) [default: 1].")] = None,
+    workers: Annotated[
+        int | None, typer.Option(help="Server processes (Postgres only) \\[default: 1].", show_default=False)
+    ] = None,
     token: Annotated[
-        str | None, typer.Option(help="Bearer token required on every route but health [env: LIGHTNING_STORE_TOKEN].")
+        str | None, typer.Option(help="Bearer token required on every route but health; env LIGHTNING_STORE_TOKEN.")
     ] = None,
     insecure: Annotated[bool, typer.Option("--insecure", help="Allow a non-loopback host without a token.")] = False,
-    max_body_bytes: Annotated[int | None, typer.Option(help="Largest request body [default: 32 MiB].")] = None,
+    max_body_bytes: Annotated[
+        int | None, typer.Option(help="Largest request body \\[default: 32 MiB].", show_default=False)
+    ] = None,
     max_header_bytes: Annotated[
-        int | None, typer.Option(help="Largest request line and headers, 431 beyond [default: 64 KiB].")
+        int | None,
+        typer.Option(help="Largest request line and headers, 431 beyond \\[default: 64 KiB].", show_default=False),
     ] = None,
     migrate_on_start: Annotated[
-        bool | None, typer.Option("--migrate/--no-migrate", help="Upgrade the schema first [default: on for SQLite].")
+        bool | None,
+        typer.Option(
+            "--migrate/--no-migrate", help="Upgrade the schema first \\[default: on for SQLite].", show_default=False
+        ),
     ] = None,
     llm_upstream: Annotated[
         str | None, typer.Option(help="OpenAI-compatible base URL for the LLM proxy when no llm resource names one.")
@@ -115,7 +125,10 @@ def serve(
 
 
 @app.command()
-def migrate(database_url: DatabaseUrl = None, revision: str = "head") -> None:
+def migrate(
+    database_url: DatabaseUrl = None,
+    revision: Annotated[str, typer.Option(help="Alembic revision to upgrade to: head (the newest) or an id.")] = "head",
+) -> None:
     """Upgrade the database schema to REVISION (default: the newest)."""
     from lightning_store.migrate import current_revision, upgrade
     from lightning_store.sql.engine import make_engine
@@ -136,7 +149,10 @@ def migrate(database_url: DatabaseUrl = None, revision: str = "head") -> None:
 
 
 @app.command()
-def stats(database_url: DatabaseUrl = None, as_json: bool = typer.Option(False, "--json")) -> None:
+def stats(
+    database_url: DatabaseUrl = None,
+    as_json: bool = typer.Option(False, "--json", help="One JSON object instead of a table."),
+) -> None:
     """Print counts of rollouts (by status), attempts, spans, resources and workers."""
     from lightning_store.migrate import prepare_database
     from lightning_store.sql import open_store
