@@ -58,6 +58,16 @@ def page_commands(page: Path) -> list[str]:
     return commands
 
 
+def page_files(page: Path) -> dict[str, str]:
+    """A docs page's Python files: each ``python`` block whose first line is ``# name.py``, by that name."""
+    files = {}
+    for block in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.DOTALL):
+        first = block.splitlines()[0]
+        if re.fullmatch(r"# [\w/]+\.py", first):
+            files[first[2:]] = block
+    return files
+
+
 def run_commands(
     commands: list[str], ready: Mapping[str, str], *, cwd: Path, env: Mapping[str, str], timeout: float
 ) -> list[str]:

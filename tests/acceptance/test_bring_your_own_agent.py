@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.doc_scripts import page_commands, run_commands
+from tests.doc_scripts import page_commands, page_files, run_commands
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -28,21 +28,11 @@ READY = {
 }
 
 
-def page_files() -> dict[str, str]:
-    """The page's Python files: each ``python`` block whose first line is ``# name.py``."""
-    files = {}
-    for block in re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.DOTALL):
-        first = block.splitlines()[0]
-        if re.fullmatch(r"# [\w/]+\.py", first):
-            files[first[2:]] = block
-    return files
-
-
 def test_the_page_runs_as_written_and_shows_what_it_says(tmp_path: Path) -> None:
     (tmp_path / "examples").symlink_to(ROOT / "examples")
-    for name, source in page_files().items():
+    for name, source in page_files(PAGE).items():
         (tmp_path / name).write_text(source)
-    assert "my_agent.py" in page_files()
+    assert "my_agent.py" in page_files(PAGE)
     commands = page_commands(PAGE)
     assert [c.split()[:2] for c in commands[:2]] == [["store", "serve"], ["python", "-m"]], commands
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.doc_scripts import STORE_ENV, page_commands, rows, run_commands, store_ready
+from tests.doc_scripts import STORE_ENV, page_commands, page_files, rows, run_commands, store_ready
 from tests.integration.agl_servers import find_agl_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -23,20 +23,11 @@ ROOT = Path(__file__).parents[2]
 PAGE = ROOT / "docs" / "how-to" / "switch-from-agent-lightning.md"
 
 
-def page_files() -> dict[str, str]:
-    files = {}
-    for block in re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.DOTALL):
-        first = block.splitlines()[0]
-        if re.fullmatch(r"# [\w/]+\.py", first):
-            files[first[2:]] = block
-    return files
-
-
 def test_the_page_runs_as_written_and_shows_what_it_says(tmp_path: Path) -> None:
     agl_bin = Path(find_agl_python()).parent
-    for name, source in page_files().items():
+    for name, source in page_files(PAGE).items():
         (tmp_path / name).write_text(source)
-    assert set(page_files()) == {"enqueue.py", "city_agent.py"}
+    assert set(page_files(PAGE)) == {"enqueue.py", "city_agent.py"}
     commands = page_commands(PAGE)
     path = os.pathsep.join([str(agl_bin), str(Path(sys.executable).parent), os.environ["PATH"]])
     # LITELLM_LOCAL_MODEL_COST_MAP: agentlightning imports litellm, which fetches a price list from the internet.
