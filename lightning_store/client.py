@@ -152,6 +152,14 @@ class HttpStore:
         except httpx.HTTPError:
             return False
 
+    async def run_sql(self, query: str, *, timeout: float = 30.0, max_rows: int = 10_000) -> dict[str, Any]:
+        """``POST /v1/sql`` (an addition; not in the store contract): one read-only statement, answered as
+        ``{"columns", "rows", "truncated", "warnings"}`` (docs/reference/http.md). A statement that fails is an
+        :class:`InvalidRequestError` with the database's message (field ``query``)."""
+        body = {"query": query, "timeout": timeout, "max_rows": max_rows}
+        data: dict[str, Any] = await self._call("POST", "/v1/sql", json=body, idempotent=True)
+        return data
+
     async def statistics(self) -> StoreStatistics:
         data: StoreStatistics = await self._call("GET", "/v1/agl/statistics", idempotent=True)
         return data

@@ -37,12 +37,12 @@ def store_target(target: str) -> str:
     return target
 
 
-async def connect(target: str, *, token: str | None = None) -> LightningStore:
+async def connect(target: str, *, token: str | None = None, timeout: float = 30.0) -> LightningStore:
     """``http(s)://host:port`` is a ``store serve`` (an :class:`HttpStore`, with ``token`` as its bearer token);
     anything else is a database URL (``sqlite:///…``, ``postgresql://…``) opened in this process without a
     watchdog, which the serving process or ``store serve`` runs. Close the store when done. The target is read
-    by :func:`store_target` first."""
+    by :func:`store_target` first. ``timeout``: the server's answers' (see :class:`HttpStore`)."""
     target = store_target(target)
     if is_server_url(target):
-        return HttpStore(target, token=token)
+        return HttpStore(target, token=token, timeout=timeout)
     return await open_store(target, watchdog=False)

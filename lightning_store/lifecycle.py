@@ -31,6 +31,22 @@ def rollout_status_from_attempt(status: AttemptStatus, sequence_id: int, config:
     return "failed"
 
 
+def rollout_status_after_attempt(
+    current: RolloutStatus, status: AttemptStatus, sequence_id: int, config: RolloutConfig
+) -> RolloutStatus:
+    """The rollout status once its latest attempt moved to ``status``: :func:`rollout_status_from_attempt`,
+    except that a ``cancelled`` rollout stays cancelled.
+
+    Why: cancelling says "do not run this any more"; a runner still working on the attempt it claimed earlier
+    (it cannot be stopped from the store) must not turn the rollout back into ``succeeded`` or, worse, put it
+    back in the queue by failing. The attempt itself still ends as its runner says. (Agent Lightning 0.3 lets
+    the attempt overwrite the cancel: docs/reference/agent-lightning-wire.md, section 8.)
+    """
+    if current == "cancelled":
+        return current
+    return rollout_status_from_attempt(status, sequence_id, config)
+
+
 REVIVED_ATTEMPT_STATUSES: tuple[AttemptStatus, ...] = ("preparing", "unresponsive")
 """Attempt statuses that a span or heartbeat turns into ``running``."""
 REVIVED_ROLLOUT_STATUSES: tuple[RolloutStatus, ...] = ("queuing", "preparing", "requeuing")

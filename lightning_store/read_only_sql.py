@@ -19,8 +19,11 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from lightning_store.errors import InvalidRequestError
 from lightning_store.export.reader import reader
+from lightning_store.sql.engine import is_memory_sqlite, normalize_url
 
 READER_ROLE = "lightning_store_reader"
 _ROLE_USABLE = sa.text(
@@ -31,10 +34,23 @@ _LOCKED_PRAGMAS = {"query_only", "writable_schema", "trusted_schema"}
 
 
 async def run_read_only(
-    database: str | URL, statement: str, *, timeout: float, warn: Callable[[str], None]
+    database: str | URL | AsyncEngine,
+    statement: str,
+    *,
+    timeout: float,
+    warn: Callable[[str], None],
+    max_rows: int | None = None,
 ) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """The column names and rows of ``statement`` (no columns: it returns no rows); ``timeout`` seconds at most.
-    Database errors are raised as SQLAlchemy raises them."""
+    """The column names and rows of ``statement`` (no columns: it returns no rows); ``timeout`` seconds at most;
+    at most ``max_rows`` rows plus one (so that the caller can tell there were more). Database errors are raised
+    as SQLAlchemy raises them.
+
+    Give a URL, not a running store's engine: the statement gets a connection of its own, closed after it, so
+    that nothing it leaves on its session (a session-level advisory lock, a prepared statement) outlives it in a
+    pool the store uses. An in-memory SQLite database has no other connection, and is refused."""
+    url = database.url if isinstance(database, AsyncEngine) else database
+    if is_memory_sqlite(normalize_url(url)):
+        raise InvalidRequestError("an in-memory SQLite store cannot be read with SQL from outside", field="query")
     unguarded = ""
     async with reader(database) as (engine, _), engine.connect() as conn:
         if conn.dialect.name == "postgresql":
@@ -56,7 +72,8 @@ async def run_read_only(
             result = await conn.execute(sa.text(statement))
             answer: tuple[list[str], list[tuple[Any, ...]]] = ([], [])
             if result.returns_rows:
-                answer = list(result.keys()), [tuple(row) for row in result.all()]
+                rows = result.all() if max_rows is None else result.fetchmany(max_rows + 1)
+                answer = list(result.keys()), [tuple(row) for row in rows]
             if unguarded:
                 warn(unguarded)
             return answer

@@ -8,9 +8,10 @@ process; the default is ``$LIGHTNING_STORE_URL``, else ``http://127.0.0.1:4747``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
@@ -32,6 +33,24 @@ StoreTarget = Annotated[
         help="A store serve URL (http://host:port) or a database URL (sqlite:///…, postgresql://…).",
     ),
 ]
+ReadStore = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        envvar="LIGHTNING_STORE_URL",
+        help="Read a store serve URL (http://host:port) or a database URL instead of --database-url.",
+        show_default=False,
+    ),
+]
+"""``--store`` of the commands that read the database directly (``stats``, ``sql``): given (or set in
+``$LIGHTNING_STORE_URL``), it wins over ``--database-url``, so that every read command reads what ``store rollouts``
+reads; not given, they read ``--database-url`` (default ``./lightning_store.db``) as before."""
+DatabaseUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--database-url", help="SQLAlchemy URL; default $LIGHTNING_STORE_DATABASE_URL or ./lightning_store.db"
+    ),
+]
 Token = Annotated[str | None, typer.Option(envvar="LIGHTNING_STORE_TOKEN", help="Bearer token of the server.")]
 AsJson = Annotated[bool, typer.Option("--json", help="One JSON object per line instead of a table.")]
 
@@ -45,7 +64,14 @@ def fail(what: str, line: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def with_store(target: str, token: str | None, what: str, work: Callable[[LightningStore], Awaitable[T]]) -> T:
+def with_store(
+    target: str,
+    token: str | None,
+    what: str,
+    work: Callable[[LightningStore], Awaitable[T]],
+    *,
+    timeout: float = 30.0,
+) -> T:
     """Open the store ``target`` names, run ``work`` on it, close it and return what ``work`` returned.
 
     A store that cannot be reached (no server answers, a wrong token, a database that is down or not migrated)
@@ -61,7 +87,7 @@ def with_store(target: str, token: str | None, what: str, work: Callable[[Lightn
     from lightning_store.migrate import DatabaseNotMigratedError
 
     async def run() -> T:
-        store = await connect(target, token=token)
+        store = await connect(target, token=token, timeout=timeout)
         try:
             return await work(store)
         finally:
@@ -84,6 +110,33 @@ def with_store(target: str, token: str | None, what: str, work: Callable[[Lightn
         if line is None:
             raise
         fail(what, line)
+
+
+def missing_database_line(database_url: str) -> str | None:
+    """For a SQLite file that does not exist (a read command must not create it): the line that says so, how one
+    is made, and how to read a running server instead; ``None`` when the database is not a missing file."""
+    from lightning_store.sql.engine import missing_sqlite_file
+
+    missing = missing_sqlite_file(database_url)
+    if missing is None:
+        return None
+    return (
+        f"no such file: {missing} (`store serve` or `store migrate` creates it; "
+        "read a running server with --store http://HOST:PORT)"
+    )
+
+
+@contextlib.contextmanager
+def database_errors(what: str, database_url: str, *, code: int = 1, serving: bool = False) -> Iterator[None]:
+    """Turn a database that cannot be reached or is not migrated into one line (``what: …``) and exit ``code``;
+    other errors pass."""
+    try:
+        yield
+    except Exception as exc:
+        line = database_failure(exc, database_url, serving=serving)
+        if line is None:
+            raise
+        fail(what, line, code)
 
 
 def database_failure(exc: BaseException, database_url: str, *, serving: bool = False) -> str | None:

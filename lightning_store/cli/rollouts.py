@@ -30,7 +30,7 @@ from lightning_store.resources import ResourcesUpdate
 from lightning_store.spans import Span
 from lightning_store.transcript import OUTCOME_SPANS, Event, attempt_error, build_transcript, first_line, last_reward
 
-rollouts = typer.Typer(help="List and inspect rollouts, their attempts and transcripts.", no_args_is_help=True)
+rollouts = typer.Typer(help="List, inspect, retry, requeue and cancel rollouts.", no_args_is_help=True)
 
 ERROR_WIDTH = 60
 """Characters of an error message shown in a table (``--json`` has it whole)."""

@@ -5,48 +5,74 @@ group) or a function (a command)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
-import json
 import logging
-from collections.abc import Iterator
 from importlib.metadata import EntryPoint, entry_points
 from typing import Annotated, Any
 
-import sqlalchemy as sa
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from typer.core import TyperGroup
 
-from lightning_store.cli.common import database_failure, errors, fail
+from lightning_store.cli.common import DatabaseUrl, database_errors, fail
 from lightning_store.cli.enqueue import enqueue
 from lightning_store.cli.export import export
 from lightning_store.cli.prune import prune
 from lightning_store.cli.resources import resources
+from lightning_store.cli.rollout_actions import cancel, requeue, retry
 from lightning_store.cli.rollouts import rollouts
+from lightning_store.cli.sql import sql
+from lightning_store.cli.stats import stats
 from lightning_store.settings import load_settings
-from lightning_store.sql.engine import missing_sqlite_file
 
-app = typer.Typer(help="lightning-store: a durable rollout and span store for agent RL.", no_args_is_help=True)
+STORE_PANEL = "Commands: the store"
+LOOP_PANEL = "Commands: the training loop"
+HOLDS_PANEL = "Commands: what the store holds"
+PLUGIN_PANEL = "Commands: from plugins"
+PANELS: dict[str, str] = {
+    "serve": STORE_PANEL,
+    "migrate": STORE_PANEL,
+    "resources": LOOP_PANEL,
+    "policy": LOOP_PANEL,
+    "enqueue": LOOP_PANEL,
+    "run": LOOP_PANEL,
+    "train": LOOP_PANEL,
+    "algorithms": LOOP_PANEL,
+    "rollouts": HOLDS_PANEL,
+    "stats": HOLDS_PANEL,
+    "sql": HOLDS_PANEL,
+    "export": HOLDS_PANEL,
+    "prune": HOLDS_PANEL,
+}
+"""Where ``store --help`` lists each command, in this order: the loop's steps as a newcomer takes them
+(docs/reference/cli.md has the same table). A plugin's command not named here goes under :data:`PLUGIN_PANEL`."""
+
+
+class InLoopOrder(TyperGroup):
+    """Lists the commands in the order of :data:`PANELS` (Typer lists commands before groups, in the order they
+    were added, and plugins are added last), others after them as they were added."""
+
+    def list_commands(self, ctx: Any) -> list[str]:  # (a Context of the click that this Typer version vendors)
+        rank = {name: i for i, name in enumerate(PANELS)}
+        return sorted(super().list_commands(ctx), key=lambda name: rank.get(name, len(rank)))
+
+
+app = typer.Typer(
+    help="lightning-store: a durable rollout and span store for agent RL.", no_args_is_help=True, cls=InLoopOrder
+)
 console = Console()
 logger = logging.getLogger(__name__)
 # The workflow commands, through the store contract (server or database): see lightning_store/cli/common.py.
-app.command()(enqueue)
-app.command()(prune)
-app.command()(export)
-app.add_typer(resources, name="resources")
-app.add_typer(rollouts, name="rollouts")
-
-DatabaseUrl = Annotated[
-    str | None,
-    typer.Option(
-        "--database-url", help="SQLAlchemy URL; default $LIGHTNING_STORE_DATABASE_URL or ./lightning_store.db"
-    ),
-]
+for command in (enqueue, stats, sql, export, prune):
+    app.command(rich_help_panel=PANELS[command.__name__])(command)
+app.add_typer(resources, name="resources", rich_help_panel=PANELS["resources"])
+app.add_typer(rollouts, name="rollouts", rich_help_panel=PANELS["rollouts"])
+for act in (retry, requeue, cancel):
+    rollouts.command()(act)
 
 
-@app.command()
+@app.command(rich_help_panel=STORE_PANEL)
 def serve(
     host: Annotated[
         str | None, typer.Option(help="Address to bind \\[default: 127.0.0.1].", show_default=False)
@@ -118,13 +144,13 @@ def serve(
         cors_origins=cors_origin or None,
     )
     try:
-        with _database_errors("cannot serve", settings.database_url, code=2, serving=True):
+        with database_errors("cannot serve", settings.database_url, code=2, serving=True):
             run_server(settings, log_level=log_level)
     except StoreError as exc:
         fail("cannot serve", str(exc), 2)
 
 
-@app.command()
+@app.command(rich_help_panel=STORE_PANEL)
 def migrate(
     database_url: DatabaseUrl = None,
     revision: Annotated[str, typer.Option(help="Alembic revision to upgrade to: head (the newest) or an id.")] = "head",
@@ -143,112 +169,9 @@ def migrate(
         finally:
             await engine.dispose()
 
-    with _database_errors("cannot migrate", url):
+    with database_errors("cannot migrate", url):
         now = asyncio.run(run())
     console.print(f"schema at revision [bold]{now}[/bold]")
-
-
-@app.command()
-def stats(
-    database_url: DatabaseUrl = None,
-    as_json: bool = typer.Option(False, "--json", help="One JSON object instead of a table."),
-) -> None:
-    """Print counts of rollouts (by status), attempts, spans, resources and workers."""
-    from lightning_store.migrate import prepare_database
-    from lightning_store.sql import open_store
-
-    settings = load_settings(database_url=database_url)
-    if (missing := missing_sqlite_file(settings.database_url)) is not None:  # a typo must not create a database
-        fail("cannot read the store", f"no such file: {missing} (`store serve` or `store migrate` creates it)")
-
-    async def run() -> dict[str, Any]:
-        # Migrated (SQLite, by default) or checked first: a database that is not current gets a one-line answer.
-        store = await open_store(settings=await prepare_database(settings), watchdog=False)
-        try:
-            return dict(await store.statistics())
-        finally:
-            await store.close()
-
-    with _database_errors("cannot read the store", settings.database_url):
-        result = asyncio.run(run())
-    if as_json:
-        typer.echo(json.dumps(result))
-        return
-    table = Table("statistic", "value")
-    for key, value in result.items():
-        table.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value))
-    console.print(table)
-
-
-@app.command()
-def sql(
-    query: Annotated[str, typer.Argument(help="A read-only SQL statement, e.g. SELECT * FROM rollouts_v")],
-    database_url: DatabaseUrl = None,
-    as_json: bool = typer.Option(False, "--json", help="One JSON object per row."),
-    timeout: float = typer.Option(30.0, min=0.001, help="Seconds the statement may run before it is stopped."),
-) -> None:
-    """Run a read-only SQL query against the store and print the rows."""
-    from lightning_store.read_only_sql import run_read_only
-
-    url = load_settings(database_url=database_url).database_url
-
-    async def run() -> tuple[list[str], list[tuple[Any, ...]]]:
-        return await run_read_only(url, query, timeout=timeout, warn=lambda line: errors.print(line, markup=False))
-
-    try:
-        with _database_errors("query failed", url):
-            columns, rows = asyncio.run(run())
-    except sa.exc.DBAPIError as exc:
-        if str(exc.orig) == "interrupted" or "statement timeout" in str(exc.orig):
-            fail("query failed", f"stopped after --timeout {timeout:g} s ({exc.orig})", 1)
-        fail("query failed", f"{exc.orig}{_not_migrated_hint(url)}", 1)
-    except sa.exc.SQLAlchemyError as exc:
-        fail("query failed", f"{exc}{_not_migrated_hint(url)}", 1)
-    if not columns:
-        console.print("the statement returned no rows")
-        return
-    if as_json:
-        for row in rows:
-            typer.echo(json.dumps(dict(zip(columns, row, strict=True)), default=str))
-        return
-    table = Table(*columns)
-    for row in rows:
-        table.add_row(*(json.dumps(v) if isinstance(v, dict | list) else str(v) for v in row))
-    console.print(table)
-
-
-@contextlib.contextmanager
-def _database_errors(what: str, database_url: str, *, code: int = 1, serving: bool = False) -> Iterator[None]:
-    """Turn a database that cannot be reached or is not migrated into one line (``what: …``) and exit ``code``;
-    other errors pass."""
-    try:
-        yield
-    except Exception as exc:
-        line = database_failure(exc, database_url, serving=serving)
-        if line is None:
-            raise
-        fail(what, line, code)
-
-
-def _not_migrated_hint(database_url: str) -> str:
-    """`` (database is not migrated …: run `store migrate …`)`` when a failed query may be explained by that."""
-    from lightning_store.migrate import DatabaseNotMigratedError, check_current
-    from lightning_store.sql.engine import make_engine
-
-    async def check() -> None:
-        engine = make_engine(database_url, pool_size=1)
-        try:
-            await check_current(engine)
-        finally:
-            await engine.dispose()
-
-    try:
-        asyncio.run(check())
-    except DatabaseNotMigratedError as exc:
-        return f" ({database_failure(exc, database_url)})"
-    except Exception:  # only a hint: the query's own error is what gets reported
-        return ""
-    return ""
 
 
 MISSING_EXTRA = "missing_extra"
@@ -292,9 +215,9 @@ def _load_plugins() -> None:
         if isinstance(extra, str) and extra:
             _register_unavailable(ep, target, _install_hint(ep, extra))
         elif isinstance(target, typer.Typer):
-            app.add_typer(target, name=ep.name)
+            app.add_typer(target, name=ep.name, rich_help_panel=PANELS.get(ep.name, PLUGIN_PANEL))
         else:
-            app.command(name=ep.name)(target)
+            app.command(name=ep.name, rich_help_panel=PANELS.get(ep.name, PLUGIN_PANEL))(target)
 
 
 def main() -> None:

@@ -36,7 +36,7 @@ from lightning_store.errors import (
     NotFoundError,
     StoreError,
 )
-from lightning_store.server import openapi, otlp, proxy, routes_lists, routes_rollouts, routes_store
+from lightning_store.server import openapi, otlp, proxy, routes_lists, routes_rollouts, routes_sql, routes_store
 from lightning_store.server.direct_proxy import DirectProxy
 from lightning_store.server.guards import Guards
 from lightning_store.server.metrics import Metrics
@@ -89,7 +89,8 @@ def create_app(settings: ServerSettings, store: LightningStore | None = None, *,
     app.state.long_polls = LongPolls()
     app.state.llm_fallback = proxy.fallback_llm(settings)
     app.state.record_counts = RecordCounts()
-    for router in (routes_store.router, routes_rollouts.router, routes_lists.router, otlp.router, proxy.router):
+    routers = (routes_store, routes_rollouts, routes_lists, routes_sql, otlp, proxy)
+    for router in (module.router for module in routers):
         app.include_router(router)
     dashboard.install(app)
     _add_error_handlers(app)

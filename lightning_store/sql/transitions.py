@@ -198,7 +198,7 @@ async def set_attempt_status(
     await conn.execute(sa.update(attempts).where(attempts.c.attempt_id == attempt.attempt_id).values(values))
     updated = attempt.model_copy(update=values)
     if is_latest:
-        new_rollout_status = lifecycle.rollout_status_from_attempt(status, attempt.sequence_id, config)
+        new_rollout_status = lifecycle.rollout_status_after_attempt(rollout_status, status, attempt.sequence_id, config)
         if new_rollout_status != rollout_status:
             await set_rollout_status(conn, wakeups, attempt.rollout_id, new_rollout_status, now)
     await sync_worker(conn, dialect, updated, now)

@@ -292,6 +292,16 @@ def test_help_lists_the_training_commands_where_the_train_extra_is_installed() -
     )
     assert result.returncode == 0, output(result)
     assert {"serve", "run", "train", "algorithms"} <= listed_commands(result.stdout)
+    # In the loop's order, under three headings (docs/reference/cli.md has the same table).
+    panels = [
+        (title, re.findall(r"^│ ([a-z][\w-]*) ", body, flags=re.MULTILINE))
+        for title, body in re.findall(r"╭─ (Commands[^─]*) ─+╮\n(.*?)╰", result.stdout, flags=re.DOTALL)
+    ]
+    assert panels == [
+        ("Commands: the store", ["serve", "migrate"]),
+        ("Commands: the training loop", ["resources", "policy", "enqueue", "run", "train", "algorithms"]),
+        ("Commands: what the store holds", ["rollouts", "stats", "sql", "export", "prune"]),
+    ], result.stdout
 
 
 def test_a_plain_install_lists_only_what_it_can_run(tmp_path: Path) -> None:

@@ -79,6 +79,38 @@ async def test_only_the_latest_attempt_decides(store: LightningStore) -> None:
     assert stored is not None and stored.status == "succeeded"
 
 
+@pytest.mark.parametrize("status", ["running", "succeeded", "failed", "timeout"])
+async def test_a_cancelled_rollout_stays_cancelled_whatever_its_attempt_becomes(
+    store: LightningStore, status: AttemptStatus
+) -> None:
+    rollout = await store.enqueue_rollout(1, config=RolloutConfig(max_attempts=3, retry_condition=["failed"]))
+    claimed = await store.dequeue_rollout()
+    assert claimed is not None
+    await store.update_rollout(rollout.rollout_id, status="cancelled")
+    attempt = (
+        await store.update_attempt(rollout.rollout_id, "latest", status=status)
+        if status == "running"
+        else (await store.end_attempts([AttemptEnd(rollout_id=rollout.rollout_id, attempt_id="latest", status=status)]))[0]
+    )
+    assert attempt is not None and attempt.status == status  # the attempt ends as its runner says
+    await store.add_span(span_for(rollout.rollout_id, claimed.attempt.attempt_id))
+    stored = await store.get_rollout_by_id(rollout.rollout_id)
+    assert stored is not None and stored.status == "cancelled" and stored.end_time is not None
+    assert await store.dequeue_rollout() is None  # a failed attempt did not put it back in the queue
+
+
+async def test_a_cancelled_rollout_runs_again_once_requeued(store: LightningStore) -> None:
+    rollout = await store.enqueue_rollout(1)
+    await store.update_rollout(rollout.rollout_id, status="cancelled")
+    assert await store.dequeue_rollout() is None
+    await store.update_rollout(rollout.rollout_id, status="requeuing")
+    claimed = await store.dequeue_rollout()
+    assert claimed is not None and claimed.rollout_id == rollout.rollout_id and claimed.attempt.sequence_id == 1
+    await store.update_attempt(rollout.rollout_id, "latest", status="succeeded")
+    stored = await store.get_rollout_by_id(rollout.rollout_id)
+    assert stored is not None and stored.status == "succeeded"
+
+
 async def test_a_span_is_a_heartbeat(store: LightningStore) -> None:
     rollout = await store.enqueue_rollout(1)
     claimed = await store.dequeue_rollout()
