@@ -24,6 +24,7 @@ from lightning_store.cli.rollout_actions import cancel, requeue, retry
 from lightning_store.cli.rollouts import rollouts
 from lightning_store.cli.sql import sql
 from lightning_store.cli.stats import stats
+from lightning_store.logs import LogLevel
 from lightning_store.settings import load_settings
 
 STORE_PANEL = "Commands: the store"
@@ -117,14 +118,14 @@ def serve(
         ),
     ] = None,
     log_level: Annotated[
-        str, typer.Option(help="debug (adds a line per request), info, warning or error: uvicorn's and the store's.")
-    ] = "info",
+        LogLevel,
+        typer.Option(
+            case_sensitive=False, help="Log records shown, uvicorn's and the store's; debug adds a line per request."
+        ),
+    ] = LogLevel.info,
 ) -> None:
     """Serve the store over HTTP: the Agent Lightning 0.3 REST API under /v1/agl, OTLP at /v1/traces, /metrics."""
     from lightning_store.errors import StoreError
-
-    if log_level.lower() not in ("trace", "debug", "info", "warning", "error", "critical"):
-        raise typer.BadParameter(f"{log_level!r} is not debug, info, warning or error", param_hint="--log-level")
     from lightning_store.server.run import serve as run_server
     from lightning_store.settings import load_server_settings
 
@@ -145,7 +146,7 @@ def serve(
     )
     try:
         with database_errors("cannot serve", settings.database_url, code=2, serving=True):
-            run_server(settings, log_level=log_level)
+            run_server(settings, log_level=log_level.value)
     except StoreError as exc:
         fail("cannot serve", str(exc), 2)
 
