@@ -1,5 +1,5 @@
-"""Span ingest over HTTP: spans per second through ``POST /v1/agl/spans/batch`` and OTLP's ``POST /v1/traces``,
-and the CPU that ``store serve`` and PostgreSQL spend per span.
+"""Span ingest: spans per second through ``POST /v1/agl/spans/batch``, OTLP's ``POST /v1/traces`` and OTLP over
+gRPC, and the CPU that ``store serve`` and PostgreSQL spend per span.
 
 For each backend, each ``--server-workers`` count and each path, a fresh database and ``store serve``;
 ``--batches`` attempts are claimed, and a request of 100 spans is encoded for each before the clock starts (the
@@ -12,7 +12,9 @@ divided by the spans. Every span must be stored: the store's span count is check
   names the new spans' positions and sequence ids, since the client holds the spans);
 * ``batch+spans``: the same with the new spans in the answer (what other clients get by default);
 * ``otlp``: an OTLP/protobuf export of 100 spans whose resource names the rollout and attempt, the store
-  numbering them (what an OpenTelemetry SDK's exporter sends).
+  numbering them (what an OpenTelemetry SDK's exporter sends);
+* ``otlp-grpc``: the same export over gRPC (``TraceService/Export`` on ``--otlp-grpc-port``, one channel per
+  client; the request's bytes encoded in advance, as for the others).
 
 The client's CPU (encoding is done in advance; it sends and reads answers) shares the machine with the server
 and Postgres, as in the other benches.
@@ -33,19 +35,24 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+import grpc
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 from rich.console import Console
 from rich.table import Table
 
 from bench.server_cpu import group_cpu, postgres_cpu
-from bench.server_ops import database, log, postgres_answers, server_process
+from bench.server_ops import database, free_port, log, postgres_answers, server_process
 from bench.server_ops_worker import span_json
 from lightning_store.client import HttpStore
 
 SPANS_PER_BATCH = 100
-PATHS = ("batch", "batch+spans", "otlp")
+PATHS = ("batch", "batch+spans", "otlp", "otlp-grpc")
+EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
 
 def batch_body(rollout_id: str, attempt_id: str, *, return_spans: bool) -> bytes:
@@ -131,15 +138,33 @@ async def _post_all(url: str, path: str, bodies: list[bytes], clients: int) -> N
     await asyncio.gather(*(client() for _ in range(clients)))
 
 
-def measure(url: str, pgid: int, path: str, args: argparse.Namespace) -> dict[str, float]:
+async def _export_all(address: str, bodies: list[bytes], clients: int) -> None:
+    """Each client on a gRPC channel of its own, sending encoded requests (no serializer: bytes go as they are)."""
+    queue = list(reversed(bodies))
+
+    async def client() -> None:
+        async with grpc.aio.insecure_channel(address) as channel:
+            export: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(EXPORT_METHOD)
+            while queue:
+                answer = ExportTraceServiceResponse.FromString(await export(queue.pop(), timeout=120))
+                if answer.partial_success.rejected_spans:
+                    raise RuntimeError(f"gRPC export rejected spans: {answer.partial_success.error_message}")
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+
+
+def measure(url: str, grpc_address: str, pgid: int, path: str, args: argparse.Namespace) -> dict[str, float]:
     attempts = asyncio.run(_claimed(url, args.batches))
-    if path == "otlp":
+    if path.startswith("otlp"):
         bodies = [otlp_body(r, a) for r, a in attempts]
     else:
         bodies = [batch_body(r, a, return_spans=path == "batch+spans") for r, a in attempts]
     before = asyncio.run(_stored_spans(url))
     server0, pg0, wall0 = group_cpu(pgid), postgres_cpu(), time.perf_counter()
-    asyncio.run(_post_all(url, path, bodies, args.clients))
+    if path == "otlp-grpc":
+        asyncio.run(_export_all(grpc_address, bodies, args.clients))
+    else:
+        asyncio.run(_post_all(url, path, bodies, args.clients))
     server1, pg1, wall1 = group_cpu(pgid), postgres_cpu(), time.perf_counter()
     spans = len(bodies) * SPANS_PER_BATCH
     stored = asyncio.run(_stored_spans(url)) - before
@@ -157,13 +182,14 @@ def run(args: argparse.Namespace, directory: Path) -> list[dict[str, Any]]:
     results = []
     for backend in backends:
         for workers in args.server_workers if backend == "postgres" else [1]:
-            extra = ["--workers", str(workers)] if workers > 1 else []
             for path in args.paths:
+                grpc_port = free_port()
+                extra = ["--otlp-grpc-port", str(grpc_port), *(["--workers", str(workers)] if workers > 1 else [])]
                 with (
                     database(backend, args.postgres_url, directory) as database_url,
                     server_process(backend, directory, database_url, extra=extra) as (url, process),
                 ):
-                    found = measure(url, process.pid, path, args)
+                    found = measure(url, f"127.0.0.1:{grpc_port}", process.pid, path, args)
                 if backend != "postgres":
                     found["postgres_cpu_us"] = 0.0
                 log(f"[{backend} x{workers}] {path}: {found['spans_per_s']:,.0f} spans/s")
@@ -202,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(json.dumps(results, indent=2))
         return
     shape = f"{args.batches} x {SPANS_PER_BATCH} spans, {args.clients} clients, {os.cpu_count()} CPUs"
-    title = f"span ingest over HTTP ({shape})"
+    title = f"span ingest ({shape})"
     table = Table(title=title)
     for column in ("backend", "server processes", "path", "spans/s", "server CPU µs/span", "Postgres CPU µs/span"):
         table.add_column(column, justify="left" if column in ("backend", "path") else "right")

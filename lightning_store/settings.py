@@ -77,6 +77,10 @@ class ServerSettings(StoreSettings):
         description="Origins whose browser pages may call the API (CORS), comma-separated; * for any. Default: "
         "none (only pages this server serves).",
     )
+    otlp_grpc: bool = Field(default=True, description="Serve OTLP traces over gRPC too, on otlp_grpc_port.")
+    otlp_grpc_port: int = Field(
+        default=4317, ge=0, le=65535, description="Port of OTLP over gRPC (OpenTelemetry's default; 0: a free one)."
+    )
     call_record_window: float = Field(
         default=0.05,
         ge=0,

@@ -117,6 +117,18 @@ def serve(
             "LIGHTNING_STORE_CORS_ORIGINS (comma-separated)."
         ),
     ] = None,
+    otlp_grpc: Annotated[
+        bool | None,
+        typer.Option(
+            "--otlp-grpc/--no-otlp-grpc",
+            help="Accept OTLP traces over gRPC too \\[default: on].",
+            show_default=False,
+        ),
+    ] = None,
+    otlp_grpc_port: Annotated[
+        int | None,
+        typer.Option(min=0, max=65535, help="Port of OTLP over gRPC \\[default: 4317].", show_default=False),
+    ] = None,
     log_level: Annotated[
         LogLevel,
         typer.Option(
@@ -124,7 +136,8 @@ def serve(
         ),
     ] = LogLevel.info,
 ) -> None:
-    """Serve the store over HTTP: the Agent Lightning 0.3 REST API under /v1/agl, OTLP at /v1/traces, /metrics."""
+    """Serve the store over HTTP: the Agent Lightning 0.3 REST API under /v1/agl, OTLP at /v1/traces (and over
+    gRPC on port 4317), /metrics."""
     from lightning_store.errors import StoreError
     from lightning_store.server.run import serve as run_server
     from lightning_store.settings import load_server_settings
@@ -143,6 +156,8 @@ def serve(
         llm_model=llm_model,
         llm_api_key=llm_api_key,
         cors_origins=cors_origin or None,
+        otlp_grpc=otlp_grpc,
+        otlp_grpc_port=otlp_grpc_port,
     )
     try:
         with database_errors("cannot serve", settings.database_url, code=2, serving=True):

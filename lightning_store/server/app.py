@@ -37,6 +37,7 @@ from lightning_store.errors import (
     StoreError,
 )
 from lightning_store.server import openapi, otlp, proxy, routes_lists, routes_rollouts, routes_sql, routes_store
+from lightning_store.server import otlp_grpc as otlp_grpc_server
 from lightning_store.server.direct_proxy import DirectProxy
 from lightning_store.server.guards import Guards
 from lightning_store.server.metrics import Metrics
@@ -49,11 +50,20 @@ from lightning_store.sql.engine import unavailable_reason
 logger = logging.getLogger(__name__)
 
 
-def create_app(settings: ServerSettings, store: LightningStore | None = None, *, freeze_heap: bool = False) -> Any:
+def create_app(
+    settings: ServerSettings,
+    store: LightningStore | None = None,
+    *,
+    freeze_heap: bool = False,
+    otlp_grpc: bool = False,
+    share_ports: bool = False,
+) -> Any:
     """The ASGI application. Without ``store``, it opens one from ``settings`` at start-up and closes it at
     shutdown; with one, the caller owns it. ``freeze_heap``: the process is ``store serve``'s own, and what
     exists once it has started is exempted from full garbage collections (:func:`aio.freeze_startup_heap`), and
-    young objects are collected less often (:func:`aio.collect_requests_young`)."""
+    young objects are collected less often (:func:`aio.collect_requests_young`). ``otlp_grpc``: serve OTLP/gRPC
+    too while the app runs, when ``settings.otlp_grpc`` says so (its port then in ``app.state.otlp_grpc_port``);
+    ``share_ports``: this is one of several processes on that port."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -76,6 +86,19 @@ def create_app(settings: ServerSettings, store: LightningStore | None = None, *,
             )
             # Last in, first out: LLM-call records still queued are written before the store closes.
             stack.push_async_callback(app.state.recorder.close)
+            app.state.otlp_grpc_port = None
+            if otlp_grpc and settings.otlp_grpc:
+                started = await otlp_grpc_server.start(
+                    app.state.store,
+                    host=settings.host,
+                    port=settings.otlp_grpc_port,
+                    token=settings.token,
+                    max_message_bytes=settings.max_body_bytes,
+                    share_port=share_ports,
+                )
+                if started is not None:
+                    stack.push_async_callback(otlp_grpc_server.stop, started[0])
+                    app.state.otlp_grpc_port = started[1]
             # Long-polls end when SIGINT/SIGTERM arrives, before uvicorn's graceful shutdown waits for requests.
             stack.callback(app.state.long_polls.on_signals())
             stack.callback(app.state.long_polls.end_all)

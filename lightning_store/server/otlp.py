@@ -1,4 +1,5 @@
-"""OTLP/HTTP trace ingest: ``POST /v1/traces`` in protobuf or JSON, optionally gzip-compressed.
+"""OTLP/HTTP trace ingest: ``POST /v1/traces`` in protobuf or JSON, optionally gzip-compressed (and :func:`ingest`,
+which the OTLP/gRPC service shares).
 
 Each span is bound to a rollout attempt by the attributes ``agentlightning.rollout_id`` and
 ``agentlightning.attempt_id`` (or ``lightning_store.…``), looked up on the span first and then on its resource;
@@ -28,6 +29,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from lightning_store.contract import LightningStore
 from lightning_store.errors import InvalidRequestError
 from lightning_store.limits import MAX_DEPTH, MAX_SEQUENCE_ID, MAX_SPAN_NAME_LENGTH, check_json
 from lightning_store.server.json_body import decode
@@ -66,7 +68,16 @@ async def other_signals() -> Response:
 async def export_traces(request: Request, store: Store) -> Response:
     body = _decompressed(await request.body(), request.headers.get("content-encoding", ""), request.app.state.max_body)
     as_json = request.headers.get("content-type", "").split(";")[0].strip().lower() == "application/json"
-    export = _parse(body, as_json)
+    answer = await ingest(store, _parse(body, as_json))
+    if as_json:
+        return Response(json_format.MessageToJson(answer), media_type="application/json")
+    return Response(answer.SerializeToString(), media_type="application/x-protobuf")
+
+
+async def ingest(store: LightningStore, export: ExportTraceServiceRequest) -> ExportTraceServiceResponse:
+    """Store the spans of ``export`` in one batch and answer what OTLP answers: the spans without ids or past the
+    limits rejected alone (partial success). Shared by ``POST /v1/traces`` and the gRPC service
+    (:mod:`lightning_store.server.otlp_grpc`). A store error (an unknown attempt, an outage) is raised."""
     spans, rejected, problem = _spans(export)
     missing = [i for i, span in enumerate(spans) if span["sequence_id"] is None]
     if spans and len(missing) == len(spans):  # the usual case: the store numbers them as it writes them
@@ -82,9 +93,7 @@ async def export_traces(request: Request, store: Store) -> Response:
     if rejected:
         answer.partial_success.rejected_spans = rejected
         answer.partial_success.error_message = problem
-    if as_json:
-        return Response(json_format.MessageToJson(answer), media_type="application/json")
-    return Response(answer.SerializeToString(), media_type="application/x-protobuf")
+    return answer
 
 
 def _decompressed(body: bytes, encoding: str, limit: int) -> bytes:

@@ -81,7 +81,7 @@ def serve(settings: ServerSettings, *, log_level: str = "info") -> None:
     if settings.workers == 1:
         from lightning_store.server.app import create_app
 
-        app = create_app(settings, freeze_heap=True)
+        app = create_app(settings, freeze_heap=True, otlp_grpc=True)
         uvicorn.run(app, **options)
         return
     # Workers are separate processes: they read their settings from the environment we pass down.
@@ -120,7 +120,7 @@ def app_from_environment() -> Any:
 
     settings = load_server_settings()
     BoundedHeadersProtocol.max_head_bytes = settings.max_header_bytes  # this worker's connections
-    return create_app(settings, freeze_heap=True)
+    return create_app(settings, freeze_heap=True, otlp_grpc=True, share_ports=True)
 
 
 def log_config(log_level: str) -> dict[str, Any]:
