@@ -32,7 +32,7 @@ from rich.table import Table
 from algorithms.base import Algorithm, ConfigurationError, load_algorithm, registered
 from algorithms.extras import TRAIN_INSTALL, install_hint, lacks_train_modules, train_extra_missing
 from algorithms.progress import Summary, TrainingProgress, configure_logging, stdout_for_results
-from lightning_store import aio
+from lightning_store import aio, task_sources
 from lightning_store.errors import UnauthorizedError
 from lightning_store.logs import LogLevel
 from lightning_store.settings import (
@@ -95,18 +95,16 @@ def list_algorithms(as_json: Annotated[bool, typer.Option("--json", help="Print 
     Console().print(table)
 
 
-def read_tasks(path: Path) -> list[Any]:
-    """Tasks from a JSON Lines file: one JSON value per non-empty line."""
-    tasks = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if line.strip():
-            try:
-                tasks.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                raise typer.BadParameter(f"{path}:{number}: not JSON ({error.msg})") from None
-    if not tasks:
-        raise typer.BadParameter(f"{path} holds no tasks")
-    return tasks
+TASKS = "JSON Lines, .parquet, .csv, a saved Hugging Face dataset or hf:NAME[:SPLIT]"
+
+
+def read_tasks(source: str | Path, option: str | None = None) -> list[Any]:
+    """Tasks from JSON Lines, Parquet, CSV or a Hugging Face dataset (``lightning_store.task_sources``); a source
+    that cannot be read, or a bad row, is a usage error naming it (and ``option``, the one that gave it)."""
+    try:
+        return task_sources.read_tasks(str(source))
+    except task_sources.TaskSourceError as error:
+        raise typer.BadParameter(str(error), param_hint=option) from None
 
 
 def read_config(path: Path | None) -> dict[str, Any]:
@@ -141,16 +139,14 @@ def train(
     agent: Annotated[
         str | None, typer.Option(help="The agent, as module:name (not with --workers 0).", show_default=False)
     ] = None,
-    train_file: Annotated[
-        Path | None, typer.Option("--train", help="Training tasks, JSON Lines (required).", exists=True)
-    ] = None,
+    train_file: Annotated[str | None, typer.Option("--train", help=f"Training tasks (required): {TASKS}.")] = None,
     model: Annotated[
         Path | None,
         typer.Option(help="Model directory (transformers format); the RL algorithms' only.", exists=True),
     ] = None,
-    val_file: Annotated[Path | None, typer.Option("--val", help="Validation tasks, JSON Lines.", exists=True)] = None,
+    val_file: Annotated[str | None, typer.Option("--val", help=f"Validation tasks: {TASKS}.")] = None,
     test_file: Annotated[
-        Path | None, typer.Option("--test", help="Held-out test tasks, JSON Lines (APO scores them).", exists=True)
+        str | None, typer.Option("--test", help=f"Held-out test tasks (APO scores them): {TASKS}.")
     ] = None,
     config: Annotated[Path | None, typer.Option(help="YAML file of algorithm options.", exists=True)] = None,
     output: Annotated[Path, typer.Option(help="Checkpoints, logs and the embedded store.")] = Path("runs/latest"),
@@ -215,7 +211,7 @@ def train(
     An algorithm that trains no weights (apo) needs no --model and starts no policy server."""
     configure_logging(log_level)
     if train_file is None:
-        raise typer.BadParameter("give the training tasks (JSON Lines)", param_hint="--train")
+        raise typer.BadParameter(f"give the training tasks ({TASKS})", param_hint="--train")
     if workers == 0 and store is None:
         raise typer.BadParameter(
             "with --workers 0 your own runners run the rollouts: give the store server they claim from",
@@ -253,9 +249,9 @@ def train(
     except ValidationError as error:
         raise typer.BadParameter(str(error), param_hint="--config") from None
     splits = Splits(
-        train=read_tasks(train_file),
-        val=read_tasks(val_file) if val_file else [],
-        test=read_tasks(test_file) if test_file else [],
+        train=read_tasks(train_file, "--train"),
+        val=read_tasks(val_file, "--val") if val_file else [],
+        test=read_tasks(test_file, "--test") if test_file else [],
     )
     output.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()

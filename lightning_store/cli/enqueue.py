@@ -1,4 +1,5 @@
-"""``store enqueue``: put tasks in the queue from a JSON Lines file or stdin.
+"""``store enqueue``: put tasks in the queue from a JSON Lines file or stdin, or the rows of a Parquet or CSV file or
+of a Hugging Face dataset (:mod:`lightning_store.task_sources`).
 
 Contract: every line is read and checked first (:mod:`lightning_store.cli.tasks`); one bad line, or an empty
 input, and nothing is written (exit status 1, each bad line named on stderr). Then the rollouts are enqueued in
@@ -11,13 +12,11 @@ reports it as ``existed``. A failure while writing leaves the batches before it 
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import json
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -29,6 +28,7 @@ from lightning_store.contract import LightningStore
 from lightning_store.errors import InvalidRequestError
 from lightning_store.limits import check_json
 from lightning_store.models import EnqueueRolloutRequest, RolloutConfig, RolloutMode
+from lightning_store.task_sources import TaskSourceError, task_lines
 
 BATCH = 500
 """Rollouts per ``enqueue_many_rollouts`` call (one transaction, one request)."""
@@ -52,7 +52,16 @@ class RetryOn(enum.StrEnum):
 
 
 def enqueue(
-    file: Annotated[str, typer.Argument(help="JSON Lines file, one task per line; - or omitted: stdin.")] = "-",
+    file: Annotated[
+        str,
+        typer.Argument(
+            help="Tasks: a JSON Lines file (one per line; - or omitted: stdin), a .parquet or .csv file (one per "
+            "row), a directory saved by Hugging Face datasets, or hf:NAME."
+        ),
+    ] = "-",
+    split: Annotated[
+        str | None, typer.Option(help="The split of a Hugging Face dataset that has several \\[default: train].")
+    ] = None,
     requests: Annotated[
         bool,
         typer.Option("--requests", help="Each line is a whole enqueue request {input, mode, config, …}, not a task."),
@@ -78,7 +87,8 @@ def enqueue(
     token: Token = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per rollout instead of its id.")] = False,
 ) -> None:
-    """Put tasks in the queue, one rollout per line of FILE (JSON Lines); print each rollout's id."""
+    """Put tasks in the queue, one rollout per line of FILE (JSON Lines; or per row of Parquet, CSV, a Hugging Face
+    dataset); print each rollout's id."""
     if id_prefix and id_field is None:
         fail(WHAT, "--id-prefix applies to ids taken with --id-field: give --id-field too", 2)
     config = {
@@ -91,8 +101,12 @@ def enqueue(
         fields=_option_fields(mode, resources_id, config, metadata), id_field=id_field, id_prefix=id_prefix
     )
     name = "<stdin>" if file == "-" else file
-    with _lines(file) as lines:
-        result = read_requests(lines, name, defaults, whole_requests=requests)
+    if file == "-" and sys.stdin.isatty():
+        errors.print("reading tasks from stdin, one JSON value per line (end with Ctrl-D)", highlight=False)
+    try:
+        result = read_requests(task_lines(file, split=split), name, defaults, whole_requests=requests)
+    except TaskSourceError as exc:
+        fail(WHAT, str(exc))
     for problem in result.problems:
         errors.print(problem, soft_wrap=True, highlight=False, markup=False)
     if result.problems:
@@ -145,23 +159,6 @@ def _option_fields(
         error = exc.errors()[0]
         fail(WHAT, f"--{str(error['loc'][0]).replace('_', '-')}: {error['msg'].removeprefix('Value error, ')}", 2)
     return fields
-
-
-@contextlib.contextmanager
-def _lines(file: str) -> Iterator[Iterator[bytes]]:
-    """The raw lines of ``file`` (``-``: stdin), read in binary mode; a file that cannot be opened ends the
-    command with one line."""
-    if file == "-":
-        if sys.stdin.isatty():
-            errors.print("reading tasks from stdin, one JSON value per line (end with Ctrl-D)", highlight=False)
-        yield iter(sys.stdin.buffer)
-        return
-    try:
-        stream = Path(file).open("rb")  # noqa: SIM115 - closed by the with below
-    except OSError as exc:
-        fail(WHAT, f"cannot read {file}: {exc.strerror or exc}")
-    with stream:
-        yield iter(stream)
 
 
 async def _check_resources(store: LightningStore, requests: Sequence[EnqueueRolloutRequest]) -> None:

@@ -1,4 +1,4 @@
-"""Reading enqueue requests from JSON Lines for ``store enqueue``: every line checked before anything is written.
+"""Reading enqueue requests for ``store enqueue``: every line (or row) checked before anything is written.
 
 A line is a task (the JSON value the agent receives as its input) or, with ``whole_requests``, a full
 ``EnqueueRolloutRequest`` object. :class:`Defaults` holds what the command's options set for every line; a
@@ -19,6 +19,7 @@ from pydantic import TypeAdapter, ValidationError
 from lightning_store.errors import InvalidRequestError
 from lightning_store.limits import Id, check_json
 from lightning_store.models import EnqueueRolloutRequest
+from lightning_store.task_sources import UnreadableRow
 
 MAX_PROBLEMS = 20
 """Reading stops after this many bad lines: they are enough to see what is wrong with a file."""
@@ -51,14 +52,19 @@ class ReadResult:
     stopped: bool = False
 
 
-def read_requests(lines: Iterable[bytes], name: str, defaults: Defaults, *, whole_requests: bool) -> ReadResult:
-    """Parse and validate every line of ``lines`` (raw bytes, as read from a file opened in binary mode)."""
+def read_requests(
+    lines: Iterable[bytes | UnreadableRow], name: str, defaults: Defaults, *, whole_requests: bool
+) -> ReadResult:
+    """Parse and validate every line of ``lines`` (raw bytes, as read from a file opened in binary mode, or the
+    rows of another source as :func:`lightning_store.task_sources.task_lines` gives them)."""
     result = ReadResult()
     first_line_of: dict[str, int] = {}
     for number, raw in enumerate(lines, 1):
-        if not raw.strip():
+        if not isinstance(raw, UnreadableRow) and not raw.strip():
             continue
         try:
+            if isinstance(raw, UnreadableRow):
+                raise BadLine(str(raw))
             request = parse_line(raw, defaults, whole_requests=whole_requests)
             if request.rollout_id is not None:
                 first = first_line_of.setdefault(request.rollout_id, number)
