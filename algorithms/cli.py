@@ -32,6 +32,7 @@ from rich.table import Table
 from algorithms.base import Algorithm, ConfigurationError, load_algorithm, registered
 from algorithms.extras import TRAIN_INSTALL, install_hint, lacks_train_modules, train_extra_missing
 from algorithms.progress import Summary, TrainingProgress, configure_logging, stdout_for_results
+from algorithms.trackers import Trackers, parse_report_to
 from lightning_store import aio, task_sources
 from lightning_store.errors import UnauthorizedError
 from lightning_store.logs import LogLevel
@@ -200,6 +201,14 @@ def train(
     optimizer_api_key: Annotated[
         str | None, typer.Option(help="APO: bearer key of the optimizer endpoint.", show_default=False)
     ] = None,
+    report_to: Annotated[
+        str | None,
+        typer.Option(
+            help="Mirror the run to these trackers, comma-separated: tensorboard, mlflow, wandb (or report_to in "
+            "--config).",
+            show_default=False,
+        ),
+    ] = None,
     log_level: Annotated[
         LogLevel,
         typer.Option(help="Log records shown, the subprocesses' too; debug adds HTTP requests and progress bars."),
@@ -244,8 +253,14 @@ def train(
         )
     except ValidationError as error:
         raise typer.BadParameter(str(error), param_hint="--optimizer-* (or LIGHTNING_STORE_OPTIMIZER_*)") from None
+    options = read_config(config)
+    try:  # a run option, not the algorithm's: the option wins over the config file's
+        trackers = parse_report_to(report_to if report_to is not None else options.pop("report_to", None))
+        options.pop("report_to", None)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--report-to") from None
     try:
-        instance = algorithm_class(**read_config(config))
+        instance = algorithm_class(**options)
     except ValidationError as error:
         raise typer.BadParameter(str(error), param_hint="--config") from None
     splits = Splits(
@@ -255,6 +270,7 @@ def train(
     )
     output.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
+    finished = False  # the trackers' runs end FINISHED only if training did
     with stdout_for_results() as results, contextlib.ExitStack() as stack:
         from algorithms.local_stack import ProcessExited, ProcessFailed, embedded_store, runners, unless_exited
 
@@ -286,12 +302,26 @@ def train(
                 progress.phase("loading the model")
                 served = stack.enter_context(_policy(serving, model, output, log_level))
             connection = (url, token if store else None)
+            mirror = Trackers(trackers, output)
+            stack.callback(lambda: mirror.finish(succeeded=finished))
             run = _train(
-                instance, connection, splits, model, output, steps, resume, served, training, optimizer, progress
+                instance,
+                connection,
+                splits,
+                model,
+                output,
+                steps,
+                resume,
+                served,
+                training,
+                optimizer,
+                progress,
+                mirror,
             )
             # Without runners of its own, the training waits for whoever claims its rollouts.
             watched = run if runner is None else unless_exited(run, runner, runner_log, "store run")
             history = aio.run(watched)["history"]
+            finished = True
         except ProcessExited as error:  # e.g. the agent does not load: nothing would ever run the rollouts
             stack.close()
             typer.echo(f"store train: {error}", err=True)
@@ -405,6 +435,11 @@ def _policy(settings: PolicyServerSettings, model: Path, output: Path, log_level
         vllm.stop()
 
 
+def _step_to(progress: TrainingProgress, trackers: Trackers, step: int, metrics: dict[str, float]) -> None:
+    progress.update(step, metrics)
+    trackers.log_step(step, metrics)
+
+
 async def _train(
     instance: Any,
     connection: tuple[str, str | None],
@@ -417,6 +452,7 @@ async def _train(
     trainer: TrainerSettings | None,
     optimizer: OptimizerSettings,
     progress: TrainingProgress,
+    trackers: Trackers,
 ) -> dict[str, Any]:
     from algorithms.session import TrainingSession
     from lightning_store.connect import connect
@@ -435,8 +471,10 @@ async def _train(
         optimizer=optimizer,
         max_steps=steps,
         resume=resume,
-        on_step=progress.update,
+        on_step=lambda step, metrics: _step_to(progress, trackers, step, metrics),
         on_phase=progress.phase,
+        on_run=trackers.start,
+        on_span=trackers.on_span,
         freeze_heap=True,
         **backend,
     )

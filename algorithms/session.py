@@ -45,6 +45,8 @@ class MetricsLog:
     store: LightningStore
     run: AttemptedRollout
     on_step: Callable[[int, dict[str, float]], None] = lambda step, metrics: None
+    on_span: Callable[[str, Mapping[str, Any]], None] = lambda name, attributes: None
+    """Told each span written to the run (steps, APO's candidates), once it is stored: the trackers' feed."""
     history: list[dict[str, float]] = field(default_factory=list)
 
     @classmethod
@@ -79,6 +81,7 @@ class MetricsLog:
                 attributes=dict(attributes),
             )
         )
+        self.on_span(name, attributes)
 
     async def finish(self, *, succeeded: bool) -> None:
         status: AttemptStatus = "succeeded" if succeeded else "failed"
@@ -111,7 +114,20 @@ class TrainingSession:
     on_step: Callable[[int, dict[str, float]], None] = lambda step, metrics: None
     on_phase: Callable[[str], None] = lambda text: None
     """Told what the algorithm does next ("evaluating", "collecting step 3", ...): the progress display's label."""
+    on_run: Callable[[str, str, Mapping[str, Any]], None] = lambda run_id, algorithm, config: None
+    """Told the run's id, algorithm and config once its record is in the store (the trackers start there)."""
+    on_span: Callable[[str, Mapping[str, Any]], None] = lambda name, attributes: None
+    """Told each span the run writes (:attr:`MetricsLog.on_span`)."""
     trainer: TrainerSettings = field(default_factory=TrainerSettings)
     freeze_heap: bool = False
     """The process is the trainer's own: once the models are loaded, what exists is exempted from full garbage
     collections (:func:`lightning_store.aio.freeze_startup_heap`). Off where training shares a process (tests)."""
+
+    def attach(self, log: MetricsLog) -> None:
+        """Wire the run's metrics log to this session's listeners (the progress display, the trackers): what an
+        algorithm calls once it has its :class:`MetricsLog`."""
+        log.on_step = self.on_step
+        log.on_span = self.on_span
+        task = log.run.input if isinstance(log.run.input, dict) else {}
+        config = task.get("config") if isinstance(task.get("config"), dict) else {}
+        self.on_run(log.run.rollout_id, str(task.get("algorithm", "")), config or {})

@@ -62,7 +62,7 @@ class APO(Algorithm):
             raise ConfigurationError(f"--optimizer-url: {error}") from None
         budget = Budget(c.max_rollouts, c.max_optimizer_calls, c.max_optimizer_tokens)
         log = await _run_log(store, session.output_dir, c, resumed, snapshot, publish_id, session.max_steps)
-        log.on_step = session.on_step
+        session.attach(log)
         optimizer = Optimizer(settings, store, log.run.rollout_id, log.run.attempt.attempt_id, budget)
         try:
             await optimizer.load_replay()

@@ -77,8 +77,10 @@ def train_argv(
     return argv
 
 
-def store_train(argv: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+def store_train(
+    argv: list[str], timeout: float = 300, cwd: Path = ROOT, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 
 def sql(db: Path, statement: str, *args: Any) -> list[sqlite3.Row]:

@@ -51,7 +51,7 @@ def test_store_train_runs_checkpoints_and_resumes(tmp_path: Path) -> None:
     (tmp_path / "val.jsonl").write_text(json.dumps(VAL_TASKS[0]) + "\n")
     (tmp_path / "grpo.yaml").write_text("tasks_per_step: 2\ngroup_size: 2\neval_repeats: 2\nlearning_rate: 1.0e-4\n")
     run = tmp_path / "run"
-    first = store_train(tmp_path, steps=1)
+    first = store_train(tmp_path, 1, "--report-to", "tensorboard")
     assert first.returncode == 0, first.stderr[-3000:]
     *steps_logged, summary = records(first)
     assert [s["event"] for s in steps_logged] == ["step", "step"]
@@ -92,6 +92,13 @@ def test_store_train_runs_checkpoints_and_resumes(tmp_path: Path) -> None:
             " ORDER BY start_time"
         ).fetchall()
     assert [row[0] for row in logged] == [0, 1, 1, 2]  # each run logs its starting evaluation, then its steps
+    # The first run mirrored to TensorBoard (tests/acceptance/test_trackers.py checks every tracker on APO).
+    from tests.acceptance.test_trackers import tensorboard_curves
+
+    [board_dir] = (run / "tensorboard").iterdir()
+    board, texts = tensorboard_curves(board_dir)
+    assert board["val_reward"] == pytest.approx({s["step"]: s["val_reward"] for s in steps_logged}, rel=1e-6)
+    assert board["loss"] == pytest.approx({1: steps_logged[1]["loss"]}, rel=1e-6) and "config" in texts
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed is not installed")
