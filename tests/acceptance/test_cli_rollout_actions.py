@@ -24,7 +24,7 @@ from lightning_store import LLM
 from lightning_store.client import HttpStore
 from lightning_store.connect import connect
 from lightning_store.contract import LightningStore
-from lightning_store.models import AttemptEnd, Rollout, RolloutConfig
+from lightning_store.models import AttemptEnd, Rollout, RolloutConfig, RolloutMode
 from tests.acceptance.test_cli_rollouts import cli, json_lines
 from tests.acceptance.test_run_cli import start_runner
 from tests.acceptance.test_serve import Server, free_port, wait_healthy
@@ -106,7 +106,8 @@ async def fill(database_url: str) -> None:
     try:
         await store.add_resources({"llm": LLM(endpoint="http://127.0.0.1:9/v1", model="m")})
         once = RolloutConfig(max_attempts=1)
-        for rollout_id, mode in [("ro-failed", "train"), ("ro-failed-val", "val"), ("ro-done", "train")]:
+        modes: list[tuple[str, RolloutMode]] = [("ro-failed", "train"), ("ro-failed-val", "val"), ("ro-done", "train")]
+        for rollout_id, mode in modes:
             await store.enqueue_rollout({"id": rollout_id}, mode=mode, rollout_id=rollout_id, config=once)
             claimed = await store.dequeue_rollout()
             assert claimed is not None and claimed.rollout_id == rollout_id

@@ -78,7 +78,7 @@ def wandb_history(run_directory: Path) -> list[dict[str, Any]]:
     [log] = run_directory.glob("run-*.wandb")
     rows = []
     for data in wandb_records(log):
-        record = wandb_internal_pb2.Record()
+        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
         record.ParseFromString(data)
         if record.WhichOneof("record_type") == "history":
             items = record.history.item
@@ -152,7 +152,7 @@ def test_a_tracker_that_cannot_be_imported_or_fails_is_one_warning(
     assert list(trackers.active) == ["tensorboard"]
     trackers.start("ro-run", "apo", {"seed": 1})
     trackers.log_step(0, {"val_reward": 0.5})
-    trackers.active["tensorboard"]._writer.close()  # the writer is gone: its next write fails  # type: ignore[attr-defined]
+    trackers.active["tensorboard"]._writer.close()  # type: ignore[attr-defined]  # gone: its next write fails
     trackers.log_step(1, {"val_reward": 0.75})
     trackers.log_step(2, {"val_reward": 1.0})
     trackers.finish(succeeded=True)

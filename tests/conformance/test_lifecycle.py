@@ -10,7 +10,7 @@ import pytest
 
 from lightning_store import AttemptEnd, ConflictError, InvalidRequestError, NotFoundError, RolloutConfig
 from lightning_store.contract import LightningStore
-from lightning_store.models import AttemptStatus
+from lightning_store.models import Attempt, AttemptStatus
 from lightning_store.spans import Span
 from tests.conftest import StoreFactory
 
@@ -87,11 +87,12 @@ async def test_a_cancelled_rollout_stays_cancelled_whatever_its_attempt_becomes(
     claimed = await store.dequeue_rollout()
     assert claimed is not None
     await store.update_rollout(rollout.rollout_id, status="cancelled")
-    attempt = (
-        await store.update_attempt(rollout.rollout_id, "latest", status=status)
-        if status == "running"
-        else (await store.end_attempts([AttemptEnd(rollout_id=rollout.rollout_id, attempt_id="latest", status=status)]))[0]
-    )
+    attempt: Attempt | None
+    if status == "running":
+        attempt = await store.update_attempt(rollout.rollout_id, "latest", status=status)
+    else:
+        end = AttemptEnd(rollout_id=rollout.rollout_id, attempt_id="latest", status=status)
+        [attempt] = await store.end_attempts([end])
     assert attempt is not None and attempt.status == status  # the attempt ends as its runner says
     await store.add_span(span_for(rollout.rollout_id, claimed.attempt.attempt_id))
     stored = await store.get_rollout_by_id(rollout.rollout_id)

@@ -86,7 +86,8 @@ def request(rollout: AttemptedRollout | None, spans: list[tuple[str, dict[str, s
 async def export(address: str, message: ExportTraceServiceRequest, token: str | None = TOKEN) -> Any:
     metadata = [("authorization", f"Bearer {token}")] if token else []
     async with grpc.aio.insecure_channel(address) as channel:
-        return await TraceServiceStub(channel).Export(message, metadata=metadata, timeout=10)
+        stub = TraceServiceStub(channel)  # type: ignore[no-untyped-call]  # generated code
+        return await stub.Export(message, metadata=metadata, timeout=10)
 
 
 def stored_form(spans: list[Any]) -> list[dict[str, Any]]:
