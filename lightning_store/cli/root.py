@@ -37,6 +37,7 @@ PANELS: dict[str, str] = {
     "resources": LOOP_PANEL,
     "policy": LOOP_PANEL,
     "enqueue": LOOP_PANEL,
+    "doctor": LOOP_PANEL,
     "run": LOOP_PANEL,
     "train": LOOP_PANEL,
     "algorithms": LOOP_PANEL,

@@ -299,7 +299,7 @@ def test_help_lists_the_training_commands_where_the_train_extra_is_installed() -
     ]
     assert panels == [
         ("Commands: the store", ["serve", "migrate"]),
-        ("Commands: the training loop", ["resources", "policy", "enqueue", "run", "train", "algorithms"]),
+        ("Commands: the training loop", ["resources", "policy", "enqueue", "doctor", "run", "train", "algorithms"]),
         ("Commands: what the store holds", ["rollouts", "stats", "sql", "export", "prune"]),
     ], result.stdout
 
