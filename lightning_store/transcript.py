@@ -48,7 +48,7 @@ LLM_CALL_ATTRIBUTE = "lightning_store.llm_call"
 """Set on the span the LLM proxy writes for each call (its span id is the call record's)."""
 OPENINFERENCE_KIND = "openinference.span.kind"
 _BINDING = (semconv.ROLLOUT_ID, semconv.ATTEMPT_ID, semconv.SPAN_SEQUENCE_ID)
-_QUIET_STATUSES = {"timeout": "the attempt timed out", "unresponsive": "the attempt stopped sending heartbeats"}
+QUIET_STATUSES = {"timeout": "the attempt timed out", "unresponsive": "the attempt stopped sending heartbeats"}
 
 
 def reward_of(span: Span) -> float | None:
@@ -93,7 +93,7 @@ def attempt_error(attempt: Attempt, spans: Iterable[Span]) -> str | None:
     released = (attempt.metadata or {}).get("released")
     if released:
         return f"released: {released}"
-    return _QUIET_STATUSES.get(attempt.status)
+    return QUIET_STATUSES.get(attempt.status)
 
 
 def first_line(text: str | None, width: int | None = None) -> str | None:

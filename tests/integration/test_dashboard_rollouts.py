@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from lightning_store.dashboard import rollouts_query
 from tests.integration.dashboard_html import number
-from tests.integration.dashboard_rollouts_fill import HOSTILE_ID, QUOTED_TASK, Site, site_for
+from tests.integration.dashboard_rollouts_fill import ERROR_TEXT, HOSTILE_ID, QUOTED_TASK, Site, site_for
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 pytestmark = pytest.mark.parametrize("database_url", BACKENDS, indirect=True)
@@ -54,6 +54,7 @@ async def test_the_first_page_shows_the_views_numbers_for_the_newest_50(site: Si
         str(len(expected)),
     )
     assert f"of {len(expected)}" in shown.text()
+    errors_shown = 0
     for row in rows:
         want = expected[row.attrs["data-rollout-id"]]
         cell = {
@@ -70,6 +71,7 @@ async def test_the_first_page_shows_the_views_numbers_for_the_newest_50(site: Si
                 "attempts",
                 "reward",
                 "worker",
+                "error",
             )
         }
         assert cell["status"][0].text() == want["status"]
@@ -85,10 +87,15 @@ async def test_the_first_page_shows_the_views_numbers_for_the_newest_50(site: Si
         assert cell["attempts"][0].text() == str(want["num_attempts"])
         assert number(cell["reward"][0].attrs["data-value"]) == want["reward"]
         assert cell["worker"][0].text() == (want["latest_worker_id"] or "—")
+        # The latest attempt's error, as `store rollouts list` shows it (the fill's failures raise ValueError).
+        failed = want["latest_attempt_status"] == "failed"
+        assert cell["error"][0].text() == (f"ValueError: {ERROR_TEXT}" if failed else ""), want
+        errors_shown += failed
         link = row.testid("rollout-link").attrs["href"]
         assert link == "/dashboard/rollouts/" + quote(want["rollout_id"])
     assert "/dashboard/rollouts?page=2" in page.testid("next-page").attrs["href"]
     assert page.testids("prev-page") == []
+    assert errors_shown > 0  # the page holds failed rollouts, each with its error
 
 
 async def test_paging_shows_every_rollout_once_in_order(site: Site) -> None:

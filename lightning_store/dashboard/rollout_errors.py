@@ -1,0 +1,48 @@
+"""The error column of the rollouts list: why each listed rollout's latest attempt did not succeed.
+
+The rule is ``lightning_store.transcript.attempt_error``'s (what ``store rollouts list`` shows), read with two
+statements for a whole page instead of the spans of every attempt: the last ``agentlightning.exception`` span's
+status message (what the runner records when the agent raises, ``ValueError: …``), else the reason the attempt
+was released with (``released: worker stopped``), else what its status says (timed out, stopped sending
+heartbeats). Rollouts whose latest attempt succeeded or still runs have none.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from lightning_store import semconv
+from lightning_store.dashboard.reader import Reader
+from lightning_store.transcript import QUIET_STATUSES
+
+FAILED_STATUSES = ("failed", "timeout", "unresponsive")
+
+
+async def latest_errors(reader: Reader, rows: list[dict[str, Any]]) -> dict[str, str]:
+    """``{rollout_id: error}`` for the rows (``rollouts_v`` rows) whose latest attempt failed in some way."""
+    failing = {r["latest_attempt_id"]: r for r in rows if r.get("latest_attempt_status") in FAILED_STATUSES}
+    if not failing:
+        return {}
+    names = {f"a_{i}": attempt_id for i, attempt_id in enumerate(failing)}
+    listed = ", ".join(f":{name}" for name in names)
+    spans = await reader.rows(
+        f"SELECT attempt_id, sequence_id, status_message FROM spans_v WHERE name = :exception "
+        f"AND attempt_id IN ({listed}) ORDER BY sequence_id",
+        {**names, "exception": semconv.EXCEPTION},
+    )
+    attempts = await reader.rows(f"SELECT attempt_id, metadata FROM attempts_v WHERE attempt_id IN ({listed})", names)
+    raised = {s["attempt_id"]: s["status_message"] for s in spans if s["status_message"]}  # the last one wins
+    released = {a["attempt_id"]: _released(a["metadata"]) for a in attempts}
+    errors = {}
+    for attempt_id, row in failing.items():
+        error = raised.get(attempt_id) or released.get(attempt_id) or QUIET_STATUSES.get(row["latest_attempt_status"])
+        if error:
+            errors[row["rollout_id"]] = error
+    return errors
+
+
+def _released(metadata: Any) -> str | None:
+    value = json.loads(metadata) if isinstance(metadata, str) else metadata
+    reason = value.get("released") if isinstance(value, dict) else None
+    return f"released: {reason}" if reason else None
