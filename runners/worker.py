@@ -11,6 +11,7 @@ the same time. Spans are flushed before an attempt's status is reported.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import logging
@@ -132,6 +133,8 @@ class Worker:
                 if not running and idle_exit is not None and idle.seconds() > idle_exit:
                     break
                 claimed = await self._claim(self.concurrency - len(running))
+                if not claimed:
+                    await self._idle_heartbeat()
                 for one in claimed:
                     task = asyncio.create_task(self.run_attempt(one.rollout, tracer, one.resources))
                     task.add_done_callback(idle.restart)
@@ -292,6 +295,13 @@ class Worker:
                 raise AttemptLost(attempt_id) from None
             except UNREACHABLE as error:
                 logger.warning("heartbeat failed, store unreachable (%s)", type(error).__name__)
+
+    async def _idle_heartbeat(self) -> None:
+        """A worker waiting for work says it is alive too (at most once per heartbeat interval), so that one whose
+        process died can be told from one with nothing to do: the dashboard marks a worker silent when its last
+        heartbeat is old. A store out of reach is said by the claim's own warning."""
+        with contextlib.suppress(*UNREACHABLE):
+            await self._worker_heartbeat(due_only=True)
 
     async def _worker_heartbeat(self, *, due_only: bool) -> None:
         """Send the worker's stats; with ``due_only``, at most once per heartbeat interval (a request per

@@ -15,6 +15,9 @@ router = APIRouter()
 
 STATUSES = ("queuing", "requeuing", "preparing", "running", "succeeded", "failed", "cancelled")
 RATE_MINUTES = 10
+SILENT_SECONDS = 60
+"""A worker whose last heartbeat is older is shown as silent (its process stopped, or cannot reach the store):
+``store run``'s workers heartbeat every few seconds, idle or busy (every 5 s, after a claim that waited up to 5 s)."""
 """The rates cover this many whole minutes before the current one, and the current one so far."""
 REFRESH_SECONDS = 3
 
@@ -51,6 +54,7 @@ async def overview_data(reader: Reader, store: Any, now: float) -> dict[str, Any
         "queue_depth": sum(n for (s, _), n in by_status_mode.items() if s in ("queuing", "requeuing")),
         "attempts_running": attempts_running,
         "workers": workers,
+        "silent_after": SILENT_SECONDS,
         "rate_minutes": RATE_MINUTES,
         "rollouts_per_second": sum(rollouts_per_minute.values()) / window,
         "calls_per_second": sum(calls_per_minute.values()) / window,

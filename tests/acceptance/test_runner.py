@@ -250,3 +250,26 @@ async def test_a_hung_attempt_times_out_and_the_others_of_its_worker_are_release
         assert (first.status, (first.metadata or {}).get("released")) == ("failed", "worker ended over another attempt")
         assert [a.status for a in rest] == ["succeeded"]
     assert summary.worker_restarts == 1
+
+
+async def test_idle_workers_heartbeat_so_a_dead_one_can_be_told_apart(served: tuple[SqlStore, str]) -> None:
+    """With nothing queued, each worker still sends a heartbeat every interval (after each empty claim): the
+    dashboard shows a worker whose heartbeats stopped as silent, which needs the living idle ones to send them."""
+    store, url = served
+    runner = Runner("tests.agents:sync_agent", url, workers=2, heartbeat_interval=0.5, poll_timeout=0.5, progress=False)
+    running = asyncio.create_task(runner.run())
+    try:
+        first: dict[str, float] = {}
+        for _ in range(200):  # the workers' first heartbeats, once their processes have started
+            first = {w.worker_id: w.last_heartbeat_time for w in await store.query_workers() if w.last_heartbeat_time}
+            if len(first) == 2:
+                break
+            await asyncio.sleep(0.1)
+        assert len(first) == 2, first
+        await asyncio.sleep(2.5)
+        later = {w.worker_id: w.last_heartbeat_time for w in await store.query_workers()}
+        assert all(later[w] is not None and later[w] > first[w] + 1 for w in first), (first, later)
+        assert (await store.statistics())["total_rollouts"] == 0  # idle all along
+    finally:
+        runner.stop()
+        await asyncio.wait_for(running, 60)

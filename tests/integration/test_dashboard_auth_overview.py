@@ -5,10 +5,12 @@ the overview's numbers are the store's."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+import sqlalchemy as sa
 
 from lightning_store.dashboard import auth
 from lightning_store.sql import SqlStore, open_store
@@ -90,6 +92,13 @@ async def test_the_overview_counts_what_the_store_holds(sql_store: SqlStore) -> 
     done = await sql_store.dequeue_rollout(worker_id="worker-b")
     assert done is not None
     await sql_store.update_attempt(done.rollout_id, done.attempt.attempt_id, status="succeeded")
+    for worker_id in ("worker-a", "worker-c"):
+        await sql_store.update_worker(worker_id, heartbeat_stats={"in_flight": 0})
+    async with sql_store.engine.begin() as conn:  # worker-a's process died ten minutes ago
+        await conn.execute(
+            sa.text("UPDATE workers SET last_heartbeat_time = :then WHERE worker_id = 'worker-a'"),
+            {"then": time.time() - 600},
+        )
     async with serving(sql_store) as url, httpx.AsyncClient(base_url=url) as http:
         html = (await http.get("/dashboard/")).text
         live = (await http.get("/dashboard/overview/live")).text
@@ -104,4 +113,15 @@ async def test_the_overview_counts_what_the_store_holds(sql_store: SqlStore) -> 
         for (status, mode), n in statuses.items():
             assert int(by_testid(page, f"count-{status}-{mode}")) == n
         assert "worker-a" in page and "worker-b" in page
+        shown = {w: worker_status(page, w) for w in ("worker-a", "worker-b", "worker-c")}
+        # Silent after a minute without a heartbeat; a worker that never sent one shows what claims made it.
+        assert shown == {"worker-a": "silent", "worker-b": "idle", "worker-c": "unknown"}, shown
         assert float(by_testid(page, "rollouts-per-second")) > 0  # one finished within the last minutes
+
+
+def worker_status(page: str, worker_id: str) -> str:
+    row = re.search(rf'data-worker-id="{re.escape(worker_id)}">(.*?)</tr>', page, flags=re.DOTALL)
+    assert row is not None, worker_id
+    status = re.search(r'data-testid="worker-status"[^>]*>([^<]*)<', row.group(1))
+    assert status is not None, row.group(1)
+    return status.group(1)
