@@ -182,6 +182,13 @@ def train(
         str | None, typer.Option(help="The Python of a virtualenv with vLLM (--policy-server vllm).")
     ] = None,
     vllm_args: Annotated[str | None, typer.Option(help="Extra arguments of the vLLM server, quoted as one.")] = None,
+    decode_threads: Annotated[
+        int | None,
+        typer.Option(
+            help="Threads the built-in policy server decodes with \\[default: every core] (docs/reference/sizing.md).",
+            show_default=False,
+        ),
+    ] = None,
     trainer: Annotated[
         str | None, typer.Option(help="torch (in this process, the default) or deepspeed.", show_default=False)
     ] = None,
@@ -239,7 +246,7 @@ def train(
                 f"{algorithm} trains a model: give its directory (transformers format)", param_hint="--model"
             )
         serving, training = _policy_settings(
-            policy_server, vllm_python, vllm_args, trainer, processes, zero_stage, deepspeed_config
+            policy_server, vllm_python, vllm_args, decode_threads, trainer, processes, zero_stage, deepspeed_config
         )
         from algorithms.session import DEFAULT_MAX_STEPS
 
@@ -353,6 +360,7 @@ def _policy_settings(
     policy_server: str | None,
     vllm_python: str | None,
     vllm_args: str | None,
+    decode_threads: int | None,
     trainer: str | None,
     processes: int | None,
     zero_stage: int | None,
@@ -360,7 +368,9 @@ def _policy_settings(
 ) -> tuple[PolicyServerSettings, TrainerSettings]:
     """The policy server's and the trainer's settings (argument, else environment, else default), checked."""
     try:
-        serving = load_policy_server_settings(policy_server=policy_server, vllm_python=vllm_python, vllm_args=vllm_args)
+        serving = load_policy_server_settings(
+            policy_server=policy_server, vllm_python=vllm_python, vllm_args=vllm_args, decode_threads=decode_threads
+        )
     except ValidationError as error:
         raise typer.BadParameter(str(error), param_hint="--policy-server") from None
     try:

@@ -149,6 +149,8 @@ def test_bad_serving_or_trainer_options_are_refused_before_anything_starts(tmp_p
     assert result.returncode != 0 and "--vllm-python" in result.stderr
     result = store_train(tmp_path, 1, "--policy-server", "tgi", env=env)
     assert result.returncode != 0 and "policy_server" in result.stderr
+    result = store_train(tmp_path, 1, "--decode-threads", "0", env=env)
+    assert result.returncode != 0 and "decode_threads" in result.stderr
     result = store_train(tmp_path, 1, "--trainer", "deepspeed", "--zero-stage", "3", env=env)
     assert result.returncode != 0 and "deepspeed_zero_stage" in result.stderr
     result = store_train(tmp_path, 1, "--trainer", "megatron", env=env)
