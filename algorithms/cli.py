@@ -261,9 +261,9 @@ def train(
     except ValidationError as error:
         raise typer.BadParameter(str(error), param_hint="--optimizer-* (or LIGHTNING_STORE_OPTIMIZER_*)") from None
     options = read_config(config)
-    try:  # a run option, not the algorithm's: the option wins over the config file's
-        trackers = parse_report_to(report_to if report_to is not None else options.pop("report_to", None))
-        options.pop("report_to", None)
+    from_config = options.pop("report_to", None)  # a run option, not the algorithm's
+    try:  # the command-line option wins over the config file's
+        trackers = parse_report_to(report_to if report_to is not None else from_config)
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--report-to") from None
     try:
