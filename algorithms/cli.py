@@ -1,9 +1,10 @@
 """``store algorithms list`` and ``store train`` (added to the ``store`` CLI through entry points).
 
-``store train`` runs the whole loop on one machine: ``store serve`` and ``store run`` as subprocesses
-(``algorithms.local_stack``; the store on SQLite in the output directory unless ``--store`` names a server), the
-policy server (for an algorithm that trains weights: ``Algorithm.needs_policy``) and the trainer in this process.
-Metrics go into the store and onto stdout (:mod:`algorithms.progress`).
+``store train`` runs the whole loop on one machine through the Python API (:class:`algorithms.trainer.Trainer`):
+``store serve`` and ``store run`` as subprocesses (the store on SQLite in the output directory unless ``--store``
+names a server), the policy server (for an algorithm that trains weights: ``Algorithm.needs_policy``) and the
+trainer in this process. This module reads the options, checks them as usage errors, and shows the run: metrics
+go into the store and onto stdout (:mod:`algorithms.progress`).
 
 This module imports without torch (what needs it is imported inside the commands), and both commands run on a
 plain install: what needs the ``train`` extra is the algorithm, not the command. ``store algorithms list`` shows
@@ -13,15 +14,9 @@ and exits 2 (:mod:`algorithms.extras`), while an algorithm that trains no weight
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
 import json
-import shlex
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -31,22 +26,21 @@ from rich.table import Table
 
 from algorithms.base import Algorithm, ConfigurationError, load_algorithm, registered
 from algorithms.extras import TRAIN_INSTALL, install_hint, lacks_train_modules, train_extra_missing
-from algorithms.progress import Summary, TrainingProgress, configure_logging, stdout_for_results
-from algorithms.trackers import Trackers, parse_report_to
-from lightning_store import aio, task_sources
+from algorithms.local_stack import ProcessExited, ProcessFailed
+from algorithms.progress import TrainingProgress, configure_logging, stdout_for_results
+from algorithms.serving.vllm import VllmFailed
+from algorithms.trackers import parse_report_to
+from algorithms.trainer import Trainer, backend_problem
+from lightning_store import task_sources
 from lightning_store.errors import UnauthorizedError
 from lightning_store.logs import LogLevel
 from lightning_store.settings import (
-    OptimizerSettings,
     PolicyServerSettings,
     TrainerSettings,
     load_optimizer_settings,
     load_policy_server_settings,
     load_trainer_settings,
 )
-
-if TYPE_CHECKING:
-    from algorithms.session import ServedPolicy
 
 algorithms = typer.Typer(help="Training algorithms registered through the lightning_store.algorithms entry points.")
 console = Console(stderr=True)
@@ -237,10 +231,9 @@ def train(
         hint = "give the agent as module:name (or --workers 0 and runners of your own)"
         raise typer.BadParameter(hint, param_hint="--agent")
     algorithm_class = load_runnable(algorithm)  # checked by _runnable_algorithm
-    needs_policy = algorithm_class.needs_policy
     serving: PolicyServerSettings | None = None
     training: TrainerSettings | None = None
-    if needs_policy:
+    if algorithm_class.needs_policy:
         if model is None:
             raise typer.BadParameter(
                 f"{algorithm} trains a model: give its directory (transformers format)", param_hint="--model"
@@ -248,9 +241,6 @@ def train(
         serving, training = _policy_settings(
             policy_server, vllm_python, vllm_args, decode_threads, trainer, processes, zero_stage, deepspeed_config
         )
-        from algorithms.session import DEFAULT_MAX_STEPS
-
-        steps = DEFAULT_MAX_STEPS if steps is None else steps
     elif model is not None:
         console.print(f"[yellow]{algorithm} trains no model: --model is not used[/yellow]")
         model = None
@@ -262,98 +252,48 @@ def train(
         raise typer.BadParameter(str(error), param_hint="--optimizer-* (or LIGHTNING_STORE_OPTIMIZER_*)") from None
     options = read_config(config)
     from_config = options.pop("report_to", None)  # a run option, not the algorithm's
-    try:  # the command-line option wins over the config file's
-        trackers = parse_report_to(report_to if report_to is not None else from_config)
+    trackers = report_to if report_to is not None else from_config  # the command-line option wins
+    try:
+        parse_report_to(trackers)
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--report-to") from None
     try:
         instance = algorithm_class(**options)
     except ValidationError as error:
         raise typer.BadParameter(str(error), param_hint="--config") from None
-    splits = Splits(
-        train=read_tasks(train_file, "--train"),
-        val=read_tasks(val_file, "--val") if val_file else [],
-        test=read_tasks(test_file, "--test") if test_file else [],
-    )
-    output.mkdir(parents=True, exist_ok=True)
-    began = time.monotonic()
-    finished = False  # the trackers' runs end FINISHED only if training did
-    with stdout_for_results() as results, contextlib.ExitStack() as stack:
-        from algorithms.local_stack import ProcessExited, ProcessFailed, embedded_store, runners, unless_exited
-
-        progress = stack.enter_context(TrainingProgress(steps, out=results))
-        if store is None:
-            progress.phase("starting the store")
+    train_tasks = read_tasks(train_file, "--train")
+    val_tasks = read_tasks(val_file, "--val") if val_file else None
+    test_tasks = read_tasks(test_file, "--test") if test_file else None
+    with stdout_for_results() as results:
+        run = Trainer(
+            instance,
+            model=model,
+            store=store,
+            token=token,
+            runners=workers,
+            concurrency=concurrency,
+            output=output,
+            steps=steps,
+            resume=resume,
+            report_to=trackers,
+            serving=serving,
+            training=training,
+            optimizer=optimizer,
+            progress=lambda bound: TrainingProgress(bound, out=results),
+            log_level=log_level,
+            freeze_heap=True,
+        )
         try:
-            url = store or stack.enter_context(embedded_store(output, log_level=log_level.value))
-        except ProcessFailed as error:
-            console.print(f"[red]{error}[/red]")
-            raise typer.Exit(code=1) from None
-        runner_log = output / "runner.log"
-        runner = None
-        if agent is not None and workers > 0:
-            runner = stack.enter_context(
-                runners(
-                    agent,
-                    url,
-                    workers=workers,
-                    concurrency=concurrency,
-                    log=runner_log,
-                    log_level=log_level.value,
-                    token=token if store else None,
-                )
-            )
-        served: ServedPolicy | None = None
-        try:
-            if serving is not None and model is not None:
-                progress.phase("loading the model")
-                served = stack.enter_context(_policy(serving, model, output, log_level))
-            connection = (url, token if store else None)
-            mirror = Trackers(trackers, output)
-            stack.callback(lambda: mirror.finish(succeeded=finished))
-            run = _train(
-                instance,
-                connection,
-                splits,
-                model,
-                output,
-                steps,
-                resume,
-                served,
-                training,
-                optimizer,
-                progress,
-                mirror,
-            )
-            # Without runners of its own, the training waits for whoever claims its rollouts.
-            watched = run if runner is None else unless_exited(run, runner, runner_log, "store run")
-            history = aio.run(watched)["history"]
-            finished = True
-        except ProcessExited as error:  # e.g. the agent does not load: nothing would ever run the rollouts
-            stack.close()
-            typer.echo(f"store train: {error}", err=True)
-            raise typer.Exit(code=2) from None
-        except ConfigurationError as error:  # found before any rollout: one line, as a bad option is
-            stack.close()
+            run.fit(agent, train=train_tasks, val=val_tasks, test=test_tasks)
+        except (ProcessExited, ConfigurationError) as error:  # an agent that does not load; a bad config's value
             typer.echo(f"store train: {error}", err=True)  # one line, however wide the terminal
             raise typer.Exit(code=2) from None
         except UnauthorizedError as error:  # the --store server wants a token this run does not have
-            stack.close()
-            typer.echo(f"store train: {url}: {error}; pass --token or set LIGHTNING_STORE_TOKEN", err=True)
+            typer.echo(f"store train: {store}: {error}; pass --token or set LIGHTNING_STORE_TOKEN", err=True)
             raise typer.Exit(code=2) from None
-        progress.phase("stopping")
-        stack.close()  # the policy server, the runners and the store stop, and the display ends, before the summary
-        progress.summary(
-            Summary.of(
-                history,
-                algorithm=algorithm,
-                wall_seconds=time.monotonic() - began,
-                output=output,
-                checkpoint=_newest_checkpoint(output) if needs_policy else None,
-                logs=_logs(output),
-                store=str(output / "store.db") if store is None else store,
-            )
-        )
+        except (ProcessFailed, VllmFailed) as error:  # the store or vLLM did not start
+            console.print(f"[red]{escape(str(error))}[/red]")
+            raise typer.Exit(code=1) from None
 
 
 def _policy_settings(
@@ -382,116 +322,8 @@ def _policy_settings(
         )
     except ValidationError as error:
         raise typer.BadParameter(str(error), param_hint="--trainer") from None
-    if training.trainer == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
-        missing = "the deepspeed trainer needs DeepSpeed: pip install 'lightning-store[deepspeed]'"
-        raise typer.BadParameter(missing, param_hint="--trainer")
-    if serving.policy_server == "vllm" and not serving.vllm_python:
-        missing = "vLLM needs the interpreter of its virtualenv (or LIGHTNING_STORE_VLLM_PYTHON)"
-        raise typer.BadParameter(missing, param_hint="--vllm-python")
+    problem = backend_problem(serving, training)
+    if problem is not None:
+        setting, why = problem
+        raise typer.BadParameter(why, param_hint=f"--{setting.replace('_', '-')}")
     return serving, training
-
-
-@dataclass(frozen=True)
-class Splits:
-    """The tasks of a run: training, validation, held-out test."""
-
-    train: list[Any]
-    val: list[Any]
-    test: list[Any]
-
-
-def _newest_checkpoint(output: Path) -> Path | None:
-    from algorithms.training.checkpoints import PREFIX, saved_steps
-
-    steps = saved_steps(output)
-    return output / f"{PREFIX}{steps[-1]}" if steps else None
-
-
-def _logs(output: Path) -> list[Path]:
-    """The logs a run leaves in ``output``: the store's, the runner's, the DeepSpeed ranks', vLLM's."""
-    return sorted(path for pattern in ("*.log", "vllm/*.log") for path in output.glob(pattern))
-
-
-@contextlib.contextmanager
-def _policy(settings: PolicyServerSettings, model: Path, output: Path, log_level: LogLevel) -> Iterator[ServedPolicy]:
-    """The policy server the settings name, started (and stopped on exit)."""
-    from algorithms.progress import quiet_transformers
-    from algorithms.serving.local import LocalPolicy
-
-    quiet_transformers(log_level)
-    if settings.policy_server == "transformers":
-        with LocalPolicy(model, model_name=model.name, decode_threads=settings.decode_threads) as local:
-            yield local
-        return
-    from algorithms.serving.vllm import VllmFailed, VllmPolicy
-
-    assert settings.vllm_python is not None
-    vllm = VllmPolicy(
-        model,
-        python=settings.vllm_python,
-        work_dir=output / "vllm",
-        model_name=model.name,
-        swap=settings.vllm_swap,
-        extra_args=shlex.split(settings.vllm_args),
-    )
-    try:
-        vllm.start()
-    except VllmFailed as error:
-        console.print(f"[red]{error}[/red]")
-        raise typer.Exit(code=1) from None
-    try:
-        yield vllm
-    finally:
-        vllm.stop()
-
-
-def _step_to(progress: TrainingProgress, trackers: Trackers, step: int, metrics: dict[str, float]) -> None:
-    progress.update(step, metrics)
-    trackers.log_step(step, metrics)
-
-
-async def _train(
-    instance: Any,
-    connection: tuple[str, str | None],
-    splits: Splits,
-    model: Path | None,
-    output: Path,
-    steps: int | None,
-    resume: bool,
-    policy: ServedPolicy | None,
-    trainer: TrainerSettings | None,
-    optimizer: OptimizerSettings,
-    progress: TrainingProgress,
-    trackers: Trackers,
-) -> dict[str, Any]:
-    from algorithms.session import TrainingSession
-    from lightning_store.connect import connect
-
-    url, token = connection  # the store's URL and its bearer token
-    client = await connect(url, token=token)
-    backend = {"trainer": trainer} if trainer is not None else {}  # else the session's default (unused)
-    session = TrainingSession(
-        store=client,
-        train_tasks=splits.train,
-        val_tasks=splits.val,
-        test_tasks=splits.test,
-        model_dir=model,
-        output_dir=output,
-        policy=policy,
-        optimizer=optimizer,
-        max_steps=steps,
-        resume=resume,
-        on_step=lambda step, metrics: _step_to(progress, trackers, step, metrics),
-        on_phase=progress.phase,
-        on_run=trackers.start,
-        on_span=trackers.on_span,
-        freeze_heap=True,
-        **backend,
-    )
-    try:
-        result: dict[str, Any] = await instance.train(session)
-    finally:
-        close = getattr(client, "close", None)
-        if close is not None:
-            await close()
-    return result

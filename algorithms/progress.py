@@ -96,6 +96,9 @@ class Summary:
     """``first``, ``last`` (and their steps ``first_step``, ``last_step``), when the run had validation tasks."""
     untrained_steps: int = 0
     """Steps that trained nothing (metric ``untrained``: no reward variance, or no transitions)."""
+    history: list[dict[str, float]] = field(default_factory=list, repr=False)
+    """Every step's metrics as logged (``step`` and the metrics of docs/reference/metrics.md): what the store's
+    ``training_steps_v`` holds for this run (not in :meth:`record`, the JSON line)."""
 
     @classmethod
     def of(
@@ -130,6 +133,7 @@ class Summary:
             store=store,
             val_reward=val_reward,
             untrained_steps=sum(1 for entry in trained if entry.get("untrained")),
+            history=[dict(entry) for entry in history],
         )
 
     def record(self) -> dict[str, Any]:

@@ -9,8 +9,11 @@ picks uvloop on its own; this gives the processes we start ourselves the same lo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
-from collections.abc import Coroutine
+import signal
+import threading
+from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -24,6 +27,69 @@ def run(main: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(main)
     result: T = uvloop.run(main)
     return result
+
+
+def run_blocking(main: Coroutine[Any, Any, T], *, cancel_grace: float = 60.0) -> T:
+    """``main``'s result, from synchronous code, whether or not this thread already runs an event loop.
+
+    Without one, :func:`run` (Ctrl-C cancels ``main``, as ``asyncio.run`` does). With one (a Jupyter kernel's
+    cell: ``asyncio.run`` refuses to start there), ``main`` runs on a loop of its own in a helper thread while this
+    thread waits; a ``KeyboardInterrupt`` here (the kernel's interrupt) cancels ``main``, waits up to
+    ``cancel_grace`` seconds for its cleanup, and is raised again."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return run(main)
+    started = threading.Event()
+    running: dict[str, Any] = {}
+    outcome: dict[str, Any] = {}
+
+    async def hosted() -> T:
+        running["loop"], running["task"] = asyncio.get_running_loop(), asyncio.current_task()
+        started.set()
+        return await main
+
+    def host() -> None:
+        try:
+            outcome["result"] = run(hosted())
+        except BaseException as error:  # handed to the waiting thread, which raises it
+            outcome["error"] = error
+        finally:
+            started.set()
+            finished.set()
+
+    # Waits are on events, not Thread.join: a join that a KeyboardInterrupt broke may later report the thread
+    # ended while it still runs.
+    finished = threading.Event()
+    threading.Thread(target=host, name="run-blocking", daemon=True).start()
+    try:
+        with _interrupt_raises():
+            while not finished.wait(0.2):  # a timed wait: a KeyboardInterrupt reaches this thread between waits
+                pass
+    except KeyboardInterrupt:
+        started.wait()
+        with contextlib.suppress(RuntimeError, KeyError):  # main had finished (its loop is closed) or never began
+            running["loop"].call_soon_threadsafe(running["task"].cancel)
+        finished.wait(cancel_grace)
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    result: T = outcome["result"]
+    return result
+
+
+@contextlib.contextmanager
+def _interrupt_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt here meanwhile (on the main thread): the running loop's own handler, where
+    it has one (``asyncio.run`` installs one that cancels its main task), would wait for this blocked thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def freeze_startup_heap() -> None:

@@ -161,6 +161,12 @@ def _json_value(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, decimal.Decimal | datetime.timedelta):
         return str(value)
+    # NumPy's scalars and arrays (a DataFrame's cells), recognised by their conversion methods: numpy is not
+    # imported here. str and bytes have neither.
+    for convert in ("tolist", "item"):
+        method = getattr(value, convert, None)
+        if callable(method) and not isinstance(value, bytes | str):
+            return method()
     raise TypeError(f"a value of type {type(value).__name__} is not JSON ({str(value)[:40]!r})")
 
 
@@ -181,3 +187,44 @@ def read_tasks(source: str, *, split: str | None = None) -> list[Any]:
     if not tasks:
         raise TaskSourceError(f"{source} holds no tasks")
     return tasks
+
+
+def tasks_of(data: Any, *, what: str = "tasks") -> list[Any]:
+    """The tasks of a dataset held in memory or named by a path: a list (or any iterable) of JSON values, a
+    pandas ``DataFrame`` (each row an object of its columns), a Hugging Face ``Dataset`` (each row) or
+    ``DatasetDict`` (its ``train`` split), or a ``str``/``Path`` read with :func:`read_tasks`. Each task goes
+    through JSON as a stored one would (NumPy values become Python's, times ISO 8601 text), so that the agent
+    receives what the store will return; a value JSON cannot hold is a :class:`TaskSourceError` naming ``what``
+    and the row (from 1). The Python API's datasets (``Trainer.fit``) come through here."""
+    if isinstance(data, str | Path):
+        return read_tasks(str(data))
+    if isinstance(data, dict) and not _is_dataset_dict(data):
+        raise TaskSourceError(f"{what}: a dict is one task; give a list of tasks (or a DataFrame, a dataset, a path)")
+    rows = _in_memory_rows(data, what)
+    tasks = []
+    for number, row in enumerate(rows, start=1):
+        line = _json_line(row)
+        if isinstance(line, UnreadableRow):
+            raise TaskSourceError(f"{what}: row {number}: {line}")
+        tasks.append(json.loads(line))
+    if not tasks:
+        raise TaskSourceError(f"{what}: no tasks")
+    return tasks
+
+
+def _is_dataset_dict(data: Any) -> bool:
+    return type(data).__name__ in ("DatasetDict", "IterableDatasetDict")
+
+
+def _in_memory_rows(data: Any, what: str) -> Iterable[Any]:
+    if _is_dataset_dict(data):
+        if DEFAULT_SPLIT not in data:
+            raise TaskSourceError(f"{what}: the dataset has no split {DEFAULT_SPLIT!r} (it has: {', '.join(data)})")
+        return _in_memory_rows(data[DEFAULT_SPLIT], what)
+    to_dict = getattr(data, "to_dict", None)
+    if callable(to_dict) and hasattr(data, "columns"):  # a pandas DataFrame
+        rows: list[Any] = to_dict(orient="records")
+        return rows
+    if isinstance(data, Iterable) and not isinstance(data, bytes | bytearray):
+        return data
+    raise TaskSourceError(f"{what}: a {type(data).__name__} is not a dataset (give a list, a DataFrame, a path)")
