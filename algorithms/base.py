@@ -53,6 +53,12 @@ class Algorithm(ABC):
     async def train(self, session: TrainingSession) -> dict[str, Any]:
         """Run the training; returns a summary (final metrics)."""
 
+    async def check(self, session: TrainingSession) -> list[str]:
+        """What ``store train --dry-run`` asks the algorithm before anything runs: its options against the
+        session's tasks and store, read-only (nothing written, no model loaded). Returns what it found, a line
+        each; raises :class:`ConfigurationError` naming the option at fault. The default checks nothing."""
+        return []
+
 
 def registered() -> dict[str, EntryPoint]:
     """Every algorithm entry point by name (a later duplicate name does not replace the first)."""

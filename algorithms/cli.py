@@ -214,11 +214,20 @@ def train(
         LogLevel,
         typer.Option(help="Log records shown, the subprocesses' too; debug adds HTTP requests and progress bars."),
     ] = LogLevel.info,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print what would run and check it (options, model, agent, store, the algorithm's own checks, "
+            "trackers), starting nothing; exit 1 if a check failed.",
+        ),
+    ] = False,
 ) -> None:
     """Train an agent: store, policy server, runners and trainer on this machine.
 
     On a terminal: a progress bar, then a summary. Otherwise: one JSON line per step on stdout, then a summary line.
-    An algorithm that trains no weights (apo) needs no --model and starts no policy server."""
+    An algorithm that trains no weights (apo) needs no --model and starts no policy server. --dry-run: what would
+    run, and the checks that need nothing started."""
     configure_logging(log_level)
     if train_file is None:
         raise typer.BadParameter(f"give the training tasks ({TASKS})", param_hint="--train")
@@ -264,25 +273,30 @@ def train(
     train_tasks = read_tasks(train_file, "--train")
     val_tasks = read_tasks(val_file, "--val") if val_file else None
     test_tasks = read_tasks(test_file, "--test") if test_file else None
+    run = Trainer(
+        instance,
+        model=model,
+        store=store,
+        token=token,
+        runners=workers,
+        concurrency=concurrency,
+        output=output,
+        steps=steps,
+        resume=resume,
+        report_to=trackers,
+        serving=serving,
+        training=training,
+        optimizer=optimizer,
+        log_level=log_level,
+        freeze_heap=True,
+    )
+    if dry_run:
+        checked = run.dry_run(agent, train=train_tasks, val=val_tasks, test=test_tasks)
+        for line in checked.lines():
+            typer.echo(line)
+        raise typer.Exit(0 if checked.ok else 1)
     with stdout_for_results() as results:
-        run = Trainer(
-            instance,
-            model=model,
-            store=store,
-            token=token,
-            runners=workers,
-            concurrency=concurrency,
-            output=output,
-            steps=steps,
-            resume=resume,
-            report_to=trackers,
-            serving=serving,
-            training=training,
-            optimizer=optimizer,
-            progress=lambda bound: TrainingProgress(bound, out=results),
-            log_level=log_level,
-            freeze_heap=True,
-        )
+        run.progress = lambda bound: TrainingProgress(bound, out=results)
         try:
             run.fit(agent, train=train_tasks, val=val_tasks, test=test_tasks)
         except (ProcessExited, ConfigurationError) as error:  # an agent that does not load; a bad config's value

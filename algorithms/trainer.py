@@ -52,6 +52,7 @@ from lightning_store.settings import (
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from algorithms.dry_run import DryRun
     from algorithms.session import ServedPolicy
 
 logger = logging.getLogger(__name__)
@@ -139,7 +140,7 @@ class Trainer:
         run's summary. ``agent``: ``"module:attribute"`` or the object itself (None with ``runners=0``). The
         tasks: a list of dicts (any JSON values), a pandas DataFrame, a Hugging Face ``Dataset``, or a path (JSON
         Lines, Parquet, CSV, a saved dataset, ``hf:NAME[:SPLIT]``)."""
-        plan = self._plan(agent, train, val, test)
+        plan = self.plan(agent, train, val, test)
         began = time.monotonic()
         display = self._display(plan.steps)
         output = Path(self.output)
@@ -161,8 +162,17 @@ class Trainer:
             display.summary(summary)
         return summary
 
-    def _plan(self, agent: object, train: Any, val: Any, test: Any) -> _Plan:
-        """Everything checked before anything starts; ConfigurationError naming the argument otherwise."""
+    def dry_run(self, agent: object = None, train: Any = None, val: Any = None, test: Any = None) -> DryRun:
+        """What :meth:`fit` would start with these arguments, and every check that can be made without starting
+        it (:mod:`algorithms.dry_run`): the options, the model, the agent, the store, the algorithm's own, the
+        trackers. Nothing is started or written; ``.ok`` is False when a check failed."""
+        from algorithms.dry_run import dry_run
+
+        return dry_run(self, agent, train, val, test)
+
+    def plan(self, agent: object, train: Any, val: Any, test: Any) -> Plan:
+        """The run :meth:`fit` would start, with everything checked that needs no process, file or network (the
+        tasks read, the settings resolved); ConfigurationError naming the argument otherwise."""
         if self.runners < 0 or self.concurrency < 1:
             raise ConfigurationError("runners: 0 or more, with a concurrency of 1 or more")
         if self.runners == 0 and self.store is None:
@@ -200,7 +210,7 @@ class Trainer:
         elif model is not None:
             logger.warning("%s trains no model: model is not used", self.algorithm.name)
             model = None
-        return _Plan(
+        return Plan(
             agent=name,
             model=model,
             steps=steps,
@@ -218,7 +228,7 @@ class Trainer:
             return Silent()
         return self.progress(steps)
 
-    def _run(self, stack: contextlib.ExitStack, display: RunDisplay, plan: _Plan, output: Path) -> list[Any]:
+    def _run(self, stack: contextlib.ExitStack, display: RunDisplay, plan: Plan, output: Path) -> list[Any]:
         """Starts the processes on ``stack`` (from this thread: they die with it), then trains; the history."""
         from algorithms.local_stack import embedded_store, runners, unless_exited
 
@@ -257,7 +267,7 @@ class Trainer:
 
     async def _train(
         self,
-        plan: _Plan,
+        plan: Plan,
         connection: tuple[str, str | None],
         output: Path,
         policy: ServedPolicy | None,
@@ -312,8 +322,8 @@ class Splits:
 
 
 @dataclass(frozen=True)
-class _Plan:
-    """A run as checked by :meth:`Trainer._plan`: what :meth:`Trainer._run` starts."""
+class Plan:
+    """A run as checked by :meth:`Trainer.plan`: what :meth:`Trainer._run` starts."""
 
     agent: str | None
     model: Path | None

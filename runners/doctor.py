@@ -8,7 +8,8 @@ Each check is one line, ``ok``, ``warn`` or ``FAIL``, with what was found or wha
   token ids training needs (``prompt_token_ids`` and ``choices[0].token_ids``, as vLLM's ``return_token_ids`` and
   ``store policy serve`` give them: without them the proxy records calls that cannot be trained on) and whether
   it accepts ``tools`` (a tool-calling agent needs that);
-- **agent** (with ``--agent``): the agent imports from this directory, as ``store run`` would import it.
+- **agent** (with ``--agent``): the agent imports from this directory, as ``store run`` would import it
+  (``--agent-only``: this check alone, as ``store train --dry-run`` uses it).
 
 The exit status is 1 when a check failed, else 0 (warnings included). Nothing is written to the store; the LLM
 check sends two tiny completions (one with a tool offered).
@@ -58,10 +59,15 @@ def doctor(
     ] = None,
     target: StoreTarget = DEFAULT_STORE,
     token: Token = None,
+    agent_only: Annotated[
+        bool, typer.Option("--agent-only", help="Check the agent alone: no store, resources or LLM checks.")
+    ] = False,
     as_json: AsJson = False,
 ) -> None:
     """Check the store, its resources, the LLM they name (token ids, tools) and the agent, before running."""
-    checks = aio.run(_store_checks(target, token))
+    if agent_only and agent is None:
+        raise typer.BadParameter("--agent-only checks the agent: give it with --agent", param_hint="--agent")
+    checks = [] if agent_only else aio.run(_store_checks(target, token))
     if agent is not None:
         checks.append(_agent_check(agent))
     for check in checks:

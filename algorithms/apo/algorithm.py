@@ -45,21 +45,9 @@ class APO(Algorithm):
         # A resumed run starts from the seed it started from, not from the store's latest resources, which the
         # interrupted run's candidates (or its published best) have become since.
         pinned = resumed.get("seed_resources_id") if resumed else None
-        snapshot, seed_templates = await seed_of(store, c, pinned)
+        snapshot, seed_templates = await self._preflight(session, pinned)
         publish_id = (resumed or {}).get("publish_resources_id") or c.publish_resources_id or snapshot.resources_id
-        if not session.val_tasks:
-            raise ConfigurationError("--val: APO scores candidates on validation tasks; give a --val file")
-        check_budget(c, len(session.val_tasks))
         settings = session.optimizer
-        if not settings.optimizer_url or not settings.optimizer_model:
-            raise ConfigurationError(
-                "--optimizer-url/--optimizer-model: APO needs an optimizer LLM (or LIGHTNING_STORE_OPTIMIZER_URL "
-                "and LIGHTNING_STORE_OPTIMIZER_MODEL)"
-            )
-        try:
-            await check_reachable(settings)
-        except OptimizerError as error:
-            raise ConfigurationError(f"--optimizer-url: {error}") from None
         budget = Budget(c.max_rollouts, c.max_optimizer_calls, c.max_optimizer_tokens)
         log = await _run_log(store, session.output_dir, c, resumed, snapshot, publish_id, session.max_steps)
         session.attach(log)
@@ -98,6 +86,37 @@ class APO(Algorithm):
             await optimizer.close()
         await log.finish(succeeded=True)
         return {"history": log.history, **result}
+
+    async def check(self, session: TrainingSession) -> list[str]:
+        """The seed snapshot and its templates, the validation tasks against the budget, and the optimizer LLM
+        (configured and reachable): what ``train`` checks first, read-only."""
+        snapshot, templates = await self._preflight(session, None)
+        settings = session.optimizer
+        return [
+            f"seed: resources {snapshot.resources_id}, templates {', '.join(sorted(templates))}",
+            f"optimizer: {settings.optimizer_model} at {settings.optimizer_url} answers",
+        ]
+
+    async def _preflight(
+        self, session: TrainingSession, pinned: str | None
+    ) -> tuple[ResourcesUpdate, dict[str, PromptTemplate]]:
+        """What must hold before a run: a ConfigurationError naming the option otherwise."""
+        c = self.config
+        snapshot, seed_templates = await seed_of(session.store, c, pinned)
+        if not session.val_tasks:
+            raise ConfigurationError("--val: APO scores candidates on validation tasks; give a --val file")
+        check_budget(c, len(session.val_tasks))
+        settings = session.optimizer
+        if not settings.optimizer_url or not settings.optimizer_model:
+            raise ConfigurationError(
+                "--optimizer-url/--optimizer-model: APO needs an optimizer LLM (or LIGHTNING_STORE_OPTIMIZER_URL "
+                "and LIGHTNING_STORE_OPTIMIZER_MODEL)"
+            )
+        try:
+            await check_reachable(settings)
+        except OptimizerError as error:
+            raise ConfigurationError(f"--optimizer-url: {error}") from None
+        return snapshot, seed_templates
 
 
 async def seed_of(

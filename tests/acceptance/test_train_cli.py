@@ -102,8 +102,8 @@ def test_store_train_runs_checkpoints_and_resumes(tmp_path: Path) -> None:
     names = {name for s in steps_logged for name in s} - {"event", "step"}
     assert "val_reward" in names and "reward_mean" in names and "config" in texts
     for name in names:
-        logged = {s["step"]: s[name] for s in steps_logged if name in s}
-        assert board[name] == pytest.approx(logged, rel=1e-6), name
+        curve = {s["step"]: s[name] for s in steps_logged if name in s}
+        assert board[name] == pytest.approx(curve, rel=1e-6), name
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed is not installed")

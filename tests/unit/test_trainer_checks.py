@@ -69,7 +69,7 @@ def test_fit_refuses_before_anything_starts(
 def test_apo_needs_no_model_and_one_given_is_not_used(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with pytest.raises(ConfigurationError, match=r"^store: "):
         Trainer(APO(), runners=0, output=tmp_path / "run", progress=False).fit(train=[{"question": "q"}])
-    plan = Trainer(APO(), model=tmp_path, output=tmp_path / "run")._plan("a:b", [{"q": 1}], None, None)
+    plan = Trainer(APO(), model=tmp_path, output=tmp_path / "run").plan("a:b", [{"q": 1}], None, None)
     assert plan.model is None and plan.steps is None and plan.serving is None
     assert "apo trains no model: model is not used" in caplog.text
 
