@@ -8,6 +8,7 @@ shows the rows written per file as they are written; stdout gets one line per fi
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import enum
 import math
@@ -19,7 +20,9 @@ import typer
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from lightning_store import aio
-from lightning_store.cli.common import database_failure, errors, fail
+from lightning_store.cli.common import DatabaseUrl, ReadStore, Token, database_failure, errors, fail
+from lightning_store.errors import UnauthorizedError
+from lightning_store.export.events import ExportStreamError, RemoteExportError
 from lightning_store.export.queries import ExportFilterError, ExportFilters
 from lightning_store.export.writers import (
     DEFAULT_BATCH_SIZE,
@@ -93,12 +96,9 @@ def export(
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Write into a directory that is not empty (replaces an export there).")
     ] = False,
-    database_url: Annotated[
-        str | None,
-        typer.Option(
-            "--database-url", help="SQLAlchemy URL; default $LIGHTNING_STORE_DATABASE_URL or ./lightning_store.db"
-        ),
-    ] = None,
+    target: ReadStore = None,
+    token: Token = None,
+    database_url: DatabaseUrl = None,
 ) -> None:
     """Export rollouts, attempts, LLM calls (token ids, logprobs, rewards), spans and training steps to files."""
     # Imported here: the migrations' machinery is not needed by the other commands' start.
@@ -124,16 +124,25 @@ def export(
         raise typer.BadParameter(exc.message, param_hint=exc.option) from None
     except ExportDirectoryError as exc:
         fail(WHAT, str(exc), 2)
-    url = load_settings(database_url=database_url).database_url
+    from lightning_store.connect import is_server_url, store_target
+    from lightning_store.errors import StoreError
+
+    try:  # --store (or $LIGHTNING_STORE_URL) wins over --database-url, as for stats and sql
+        url = store_target(target) if target else load_settings(database_url=database_url).database_url
+    except StoreError as exc:
+        raise typer.BadParameter(exc.message, param_hint="--store") from None
     display = _Display() if errors.is_terminal else None
+    files = None if not what else [w.value for w in what]
 
     async def work() -> ExportResult:
+        if is_server_url(url):
+            return await _through_server(url, token, out_dir, fmt, filters, files, batch_size, overwrite, display)
         return await export_store(
             url,
             out_dir,
             fmt=fmt,
             filters=filters,
-            what=None if not what else [w.value for w in what],
+            what=files,
             batch_size=batch_size,
             overwrite=overwrite,
             progress=display,
@@ -149,6 +158,10 @@ def export(
         raise typer.BadParameter(exc.message, param_hint=exc.option) from None
     except ExportDirectoryError as exc:
         fail(WHAT, str(exc), 2)
+    except (RemoteExportError, ExportStreamError) as exc:
+        fail(WHAT, str(exc))
+    except UnauthorizedError as exc:
+        fail(WHAT, f"{url}: {exc}; pass --token or set LIGHTNING_STORE_TOKEN")
     except Exception as exc:
         line = database_failure(exc, url)
         if line is not None:
@@ -158,6 +171,28 @@ def export(
         raise
     for file in result.files:
         typer.echo(f"{file.path}: {file.rows:,} row{'' if file.rows == 1 else 's'}, {_size(file.bytes)}")
+
+
+async def _through_server(
+    url: str,
+    token: str | None,
+    out_dir: Path,
+    fmt: ExportFormat,
+    filters: ExportFilters,
+    what: list[str] | None,
+    batch_size: int | None,
+    overwrite: bool,
+    display: _Display | None,
+) -> ExportResult:
+    """The export of the server at ``url``: it reads its database and streams the rows, this process writes the
+    files (:mod:`lightning_store.export.remote`)."""
+    from lightning_store.export import prepare, write_export
+    from lightning_store.export.remote import request_body, server_events
+
+    prepare(out_dir, fmt, batch_size, overwrite=overwrite)
+    events = server_events(url, token, request_body(filters, what, batch_size))
+    async with contextlib.aclosing(events):
+        return await write_export(events, out_dir, fmt, filters, batch_size, display, served_by=url)
 
 
 def parse_time(value: str, option: str) -> float:

@@ -16,10 +16,13 @@ from lightning_store.export.exporter import (
     ExportFilters,
     ExportFormat,
     ExportResult,
+    ExportStreamError,
     FileResult,
     MissingExtraError,
     check_directory,
     export_store,
+    prepare,
+    write_export,
 )
 
 __all__ = [
@@ -30,8 +33,11 @@ __all__ = [
     "ExportFilters",
     "ExportFormat",
     "ExportResult",
+    "ExportStreamError",
     "FileResult",
     "MissingExtraError",
     "check_directory",
     "export_store",
+    "prepare",
+    "write_export",
 ]

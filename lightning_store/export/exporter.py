@@ -14,34 +14,35 @@ import contextlib
 import datetime
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
 
 from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from lightning_store.export.queries import (
-    RUN_STEPS,
-    ExportFilterError,
-    ExportFilters,
-    Query,
-    dataset_queries,
-    run_rollout,
+from lightning_store.export.events import (
+    Begin,
+    Done,
+    Event,
+    ExportStreamError,
+    FileEnd,
+    FileStart,
+    Rows,
+    checked_names,
+    export_events,
 )
-from lightning_store.export.reader import begin_snapshot, end_snapshot, reader
-from lightning_store.export.schema import ARROW_TYPES, DATASETS, convert
+from lightning_store.export.queries import ExportFilterError, ExportFilters
+from lightning_store.export.schema import ARROW_TYPES, DATASETS
 from lightning_store.export.writers import (
     DEFAULT_BATCH_SIZE,
     ExportFormat,
     MissingExtraError,
-    default_batch_size,
     open_sink,
     require_pyarrow,
 )
-from lightning_store.migrate import check_current, current_revision
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -51,9 +52,12 @@ __all__ = [
     "ExportFilters",
     "ExportFormat",
     "ExportResult",
+    "ExportStreamError",
     "FileResult",
     "MissingExtraError",
     "export_store",
+    "prepare",
+    "write_export",
 ]
 
 MANIFEST = "manifest.json"
@@ -128,92 +132,100 @@ async def export_store(
     :class:`ExportFilterError` (an unknown ``--run``), :class:`DatabaseUnavailableError` and
     :class:`~lightning_store.migrate.DatabaseNotMigratedError` before anything is written.
     """
-    fmt = ExportFormat(fmt)
     filters = filters or ExportFilters()
-    names = [name for name in DATASETS if what is None or name in what]
-    unknown = sorted(set(what or ()) - set(DATASETS))
-    if unknown:
-        raise ExportFilterError("--what", f"unknown file {unknown[0]!r} (one of {', '.join(DATASETS)})")
+    names = checked_names(what)
+    prepare(out_dir, fmt, batch_size, overwrite=overwrite)
+    events = export_events(database, filters=filters, names=names, batch_size=batch_size)
+    async with contextlib.aclosing(events):
+        return await write_export(events, out_dir, fmt, filters, batch_size, progress)
+
+
+def prepare(out_dir: Path, fmt: ExportFormat | str, batch_size: int | None, *, overwrite: bool) -> None:
+    """What an export checks before it reads anything: the batch size, pyarrow for Parquet, the directory."""
     if batch_size is not None and batch_size < 1:
         raise ExportFilterError("--batch-size", "must be at least 1")
-    if fmt is ExportFormat.parquet:
+    if ExportFormat(fmt) is ExportFormat.parquet:
         require_pyarrow()
     check_directory(out_dir, overwrite=overwrite)
+
+
+async def write_export(
+    events: AsyncIterator[Event],
+    out_dir: Path,
+    fmt: ExportFormat | str,
+    filters: ExportFilters,
+    batch_size: int | None,
+    progress: ExportProgress | None = None,
+    *,
+    served_by: str | None = None,
+) -> ExportResult:
+    """Write an export's events (:mod:`~lightning_store.export.events`, read here or sent by a server) into
+    ``out_dir``: nothing is touched there before the first event (an export that cannot be made raises first),
+    each file is written under a temporary name and renamed once complete, the manifest last. A stream that ends
+    before :class:`Done` raises :class:`ExportStreamError` and leaves no manifest."""
+    fmt = ExportFormat(fmt)
     result = ExportResult(out_dir, fmt)
-    async with reader(database) as (engine, owned):
-        await check_current(engine)
-        revision = await current_revision(engine)
-        async with engine.connect() as conn:
-            await begin_snapshot(conn, owned=owned)
-            try:
-                postgres = engine.dialect.name == "postgresql"
-                run_rollouts = await resolve_run(conn, filters, postgres=postgres)
-                queries = dataset_queries(filters, run_rollouts, postgres=postgres)
+    begin: Begin | None = None
+    writing: _FileWriter | None = None
+    try:
+        async for event in events:
+            if isinstance(event, Begin):
+                begin = event
                 _clear(out_dir)
-                for name in names:
-                    size = batch_size or default_batch_size(name)
-                    file = await _write_file(conn, name, queries[name], out_dir, fmt, size, progress)
-                    result.files.append(file)
-            finally:
-                await end_snapshot(conn, owned=owned)
-        database_shown = engine.url.render_as_string(hide_password=True)
-    result.manifest = _manifest(result, filters, batch_size, revision, database_shown)
+            elif isinstance(event, FileStart):
+                writing = _FileWriter(out_dir, event, fmt, progress)
+            elif isinstance(event, Rows) and writing is not None:
+                writing.write(event.columns)
+            elif isinstance(event, FileEnd) and writing is not None:
+                result.files.append(writing.finish())
+                writing = None
+            elif isinstance(event, Done) and begin is not None:
+                break
+            else:
+                raise ExportStreamError(f"an export event out of order: {type(event).__name__}")
+        else:
+            raise ExportStreamError("the export ended before it was complete")
+    finally:
+        if writing is not None:
+            writing.abandon()
+    assert begin is not None
+    result.manifest = _manifest(result, filters, batch_size, begin, served_by)
     partial = out_dir / f".{MANIFEST}.partial"
     partial.write_text(json.dumps(result.manifest, indent=2) + "\n", encoding="utf-8")
     partial.replace(out_dir / MANIFEST)
     return result
 
 
-async def resolve_run(conn: AsyncConnection, filters: ExportFilters, *, postgres: bool) -> list[str]:
-    """The training-run rollouts of ``filters.run`` (a resumed run has one per ``store train`` that wrote it; an
-    APO run, one); raises :class:`ExportFilterError` when it names no run."""
-    run = filters.run
-    if run is None:
-        return []
-    rows = (await conn.execute(RUN_STEPS.statement(), {"run": run})).all()
-    if any(row.run_id == run for row in rows):
-        return sorted({run} | {row.training_rollout_id for row in rows if row.run_id == run})
-    if rows:
-        raise ExportFilterError("--run", f"{run!r} continues the run {rows[0].run_id!r}: pass --run {rows[0].run_id}")
-    if (await conn.execute(run_rollout(postgres).statement(), {"run": run})).first() is not None:
-        return [run]
-    raise ExportFilterError("--run", f"no training or APO run {run!r} in the store (training_steps_v, apo_runs_v)")
+class _FileWriter:
+    """One file of an export, written under a temporary name until :meth:`finish`."""
 
+    def __init__(self, out_dir: Path, start: FileStart, fmt: ExportFormat, progress: ExportProgress | None) -> None:
+        self.name, self.batch_size, self.progress = start.name, start.batch_size, progress
+        self.final = out_dir / f"{start.name}.{fmt.value}"
+        self.partial = out_dir / f".{self.final.name}.partial"
+        self.rows = 0
+        if progress is not None:
+            progress.started(start.name)
+        self.sink = open_sink(self.partial, DATASETS[start.name], fmt)
 
-async def _write_file(
-    conn: AsyncConnection,
-    name: str,
-    query: Query,
-    out_dir: Path,
-    fmt: ExportFormat,
-    batch_size: int,
-    progress: ExportProgress | None,
-) -> FileResult:
-    dataset = DATASETS[name]
-    final = out_dir / f"{name}.{fmt.value}"
-    partial = out_dir / f".{final.name}.partial"
-    if progress is not None:
-        progress.started(name)
-    rows = 0
-    sink = open_sink(partial, dataset, fmt)
-    try:
-        result = await conn.stream(query.statement().execution_options(yield_per=batch_size), query.params)
-        async for batch in result.partitions(batch_size):
-            sink.write(convert(dataset, batch))
-            rows += len(batch)
-            if progress is not None:
-                progress.advanced(name, rows)
-        sink.close()
-    except BaseException:
+    def write(self, columns: list[list[Any]]) -> None:
+        self.sink.write(columns)
+        self.rows += len(columns[0]) if columns else 0
+        if self.progress is not None:
+            self.progress.advanced(self.name, self.rows)
+
+    def finish(self) -> FileResult:
+        self.sink.close()
+        self.partial.replace(self.final)
+        written = FileResult(self.name, self.final, self.rows, self.final.stat().st_size, self.batch_size)
+        if self.progress is not None:
+            self.progress.finished(written)
+        return written
+
+    def abandon(self) -> None:
         with contextlib.suppress(Exception):
-            sink.close()
-        partial.unlink(missing_ok=True)
-        raise
-    partial.replace(final)
-    written = FileResult(name, final, rows, final.stat().st_size, batch_size)
-    if progress is not None:
-        progress.finished(written)
-    return written
+            self.sink.close()
+        self.partial.unlink(missing_ok=True)
 
 
 def _clear(out_dir: Path) -> None:
@@ -226,7 +238,7 @@ def _clear(out_dir: Path) -> None:
 
 
 def _manifest(
-    result: ExportResult, filters: ExportFilters, batch_size: int | None, revision: str | None, database: str
+    result: ExportResult, filters: ExportFilters, batch_size: int | None, begin: Begin, served_by: str | None
 ) -> dict[str, Any]:
     now = time.time()
     try:
@@ -239,8 +251,9 @@ def _manifest(
         "exported_at": datetime.datetime.fromtimestamp(now, datetime.UTC).isoformat(),
         "exported_at_seconds": now,
         "lightning_store_version": version,
-        "schema_revision": revision,
-        "database": database,
+        "schema_revision": begin.schema_revision,
+        "database": begin.database,
+        **({"served_by": served_by} if served_by else {}),
         "filters": filters.as_json(),
         "batch_size": batch_size,
         "files": {

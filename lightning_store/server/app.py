@@ -36,7 +36,16 @@ from lightning_store.errors import (
     NotFoundError,
     StoreError,
 )
-from lightning_store.server import openapi, otlp, proxy, routes_lists, routes_rollouts, routes_sql, routes_store
+from lightning_store.server import (
+    openapi,
+    otlp,
+    proxy,
+    routes_export,
+    routes_lists,
+    routes_rollouts,
+    routes_sql,
+    routes_store,
+)
 from lightning_store.server import otlp_grpc as otlp_grpc_server
 from lightning_store.server.direct_proxy import DirectProxy
 from lightning_store.server.guards import Guards
@@ -112,7 +121,7 @@ def create_app(
     app.state.long_polls = LongPolls()
     app.state.llm_fallback = proxy.fallback_llm(settings)
     app.state.record_counts = RecordCounts()
-    routers = (routes_store, routes_rollouts, routes_lists, routes_sql, otlp, proxy)
+    routers = (routes_store, routes_rollouts, routes_lists, routes_sql, routes_export, otlp, proxy)
     for router in (module.router for module in routers):
         app.include_router(router)
     dashboard.install(app)
