@@ -41,7 +41,7 @@ async def tokens(request: Request, rollout_id: str, span_id: str) -> Response:
     """The token ids (and logprobs) of the call whose span is ``span_id``: an HTML fragment (404 when the
     rollout has no such call)."""
     reader = TimedReader(reader_of(request))
-    found = await call_tokens(reader, rollout_id, span_id)
+    found = await call_tokens(reader, request.app.state.store, rollout_id, span_id)
     context = {"rollout_id": rollout_id, "span_id": span_id, "t": found}
     return reader.stamp(render(request, "rollout_tokens.html", context, status_code=200 if found else 404))
 

@@ -16,7 +16,6 @@ from typing import Any
 
 from lightning_store import semconv
 from lightning_store.contract import LightningStore
-from lightning_store.dashboard.reader import Reader
 from lightning_store.dashboard.timing import TimedReader
 from lightning_store.llm_calls import LlmCall
 from lightning_store.models import Attempt
@@ -42,7 +41,7 @@ REWARDS = """SELECT attempt_id, sequence_id, span_id, reward_name, reward, time 
     WHERE rollout_id = :rollout_id ORDER BY sequence_id"""
 CALLS = """SELECT attempt_id, span_id, sequence_id, agent_name, model, resources_id, resources_version, prompt_tokens,
     response_tokens, finish_reason, start_time, end_time, latency_seconds, usage_prompt_tokens,
-    usage_completion_tokens FROM llm_calls_v WHERE rollout_id = :rollout_id ORDER BY sequence_id"""
+    usage_completion_tokens, error FROM llm_calls_v WHERE rollout_id = :rollout_id ORDER BY sequence_id"""
 TOKENS = """SELECT prompt_token_ids, response_token_ids, response_logprobs FROM llm_calls_v
     WHERE rollout_id = :rollout_id AND span_id = :span_id"""
 
@@ -68,6 +67,10 @@ class AttemptView:
     row: dict[str, Any]
     waterfall: list[SpanRow] = field(default_factory=list)
     calls: list[dict[str, Any]] = field(default_factory=list)
+    failed_calls: list[dict[str, Any]] = field(default_factory=list)
+    """LLM calls the proxy made that got no answer to record (an upstream error): their spans, with why."""
+    unproxied_calls: int = 0
+    """LLM spans of the agent's own instrumentation with no call through the proxy (no token ids)."""
     error: str | None = None
 
 
@@ -104,8 +107,15 @@ async def rollout_view(reader: TimedReader, store: LightningStore, rollout_id: s
         mine = by_attempt.get(attempt_id, [])
         view.waterfall = waterfall(mine)
         view.error = attempt_error(Attempt.model_validate(view.row), mine)
-        texts = _call_texts(mine, [c for c in records if c.attempt_id == attempt_id])
-        view.calls = [{**row, **texts.get(row["span_id"], {})} for row in call_rows if row["attempt_id"] == attempt_id]
+        recorded = [c for c in records if c.attempt_id == attempt_id]
+        texts = _call_texts(mine, recorded)
+        offered = {c.span_id: _offered(c) for c in recorded}
+        view.calls = [
+            {**row, **texts.get(row["span_id"], {}), **offered.get(row["span_id"], {})}
+            for row in call_rows
+            if row["attempt_id"] == attempt_id
+        ]
+        _calls_without_records(view, mine)
         errors += [_error(span, view.row["sequence_id"]) for span in mine if _is_error(span)]
     for reward in rewards:
         reward["attempt_sequence_id"] = sequence.get(reward["attempt_id"])
@@ -186,6 +196,40 @@ def _error(span: Span, attempt_sequence_id: int) -> dict[str, Any]:
     }
 
 
+def _offered(call: LlmCall) -> dict[str, Any]:
+    """What the agent asked for beside the messages: the tools it offered (their names) and the sampling
+    parameters the proxy sent."""
+    tools = call.request.get("tools") if isinstance(call.request, dict) else None
+    names = []
+    for tool in tools if isinstance(tools, list) else []:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        names.append(str(name) if name is not None else "(unnamed)")
+    return {"tools_offered": names, "sampling": dict(call.sampling_parameters or {})}
+
+
+def _calls_without_records(view: AttemptView, spans: list[Span]) -> None:
+    """The attempt's LLM spans that have no call record: the proxy's failed calls (an error status, no answer to
+    record), and the spans of an instrumentation whose calls did not go through the proxy."""
+    recorded = {call["span_id"] for call in view.calls}
+    for span in spans:
+        if span.span_id in recorded or _kind(span) not in ("llm", "error"):
+            continue
+        proxied = span.attributes.get(LLM_CALL_ATTRIBUTE) is True
+        if proxied and span.status.status_code == "ERROR":
+            seconds = span.end_time - span.start_time if span.end_time and span.start_time else None
+            view.failed_calls.append(
+                {
+                    "span_id": span.span_id,
+                    "name": span.name,
+                    "message": span.status.description or error_of(span) or "failed",
+                    "seconds": seconds,
+                }
+            )
+        elif not proxied and _kind(span) == "llm":
+            view.unproxied_calls += 1
+
+
 def _call_texts(spans: list[Span], calls: list[LlmCall]) -> dict[str, dict[str, Any]]:
     """Per LLM call (by span id): its prompt messages (role and text) and its response, from the transcript."""
     found: dict[str, dict[str, Any]] = {}
@@ -204,15 +248,35 @@ def _call_texts(spans: list[Span], calls: list[LlmCall]) -> dict[str, dict[str, 
     return found
 
 
-async def call_tokens(reader: Reader, rollout_id: str, span_id: str) -> dict[str, list[Any]] | None:
-    """The token ids and logprobs of one LLM call; None when the rollout has no call with that span id."""
+async def call_tokens(
+    reader: TimedReader, store: LightningStore, rollout_id: str, span_id: str
+) -> dict[str, list[Any]] | None:
+    """The token ids and logprobs of one LLM call, and the text of each response token where the answer carried
+    it (``logprobs.content[i].token``, as vLLM and the built-in policy server send it; the store keeps no
+    tokenizer); None when the rollout has no call with that span id."""
     rows = await reader.rows(TOKENS, {"rollout_id": rollout_id, "span_id": span_id})
     if not rows:
         return None
-    return {
+    found: dict[str, list[Any]] = {
         name: list(_json(rows[0][name]) or [])
         for name in ("prompt_token_ids", "response_token_ids", "response_logprobs")
     }
+    records = await reader.timed(store.query_llm_calls([rollout_id]))
+    record = next((c for c in records if c.span_id == span_id), None)
+    texts = _token_texts(record.response if record is not None else None)
+    found["response_token_texts"] = texts if len(texts) == len(found["response_token_ids"]) else []
+    return found
+
+
+def _token_texts(response: dict[str, Any] | None) -> list[str]:
+    """The response's tokens as text, from its logprobs (empty when it carried none)."""
+    choices = response.get("choices") if isinstance(response, dict) else None
+    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    logprobs = choice.get("logprobs")
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(content, list):
+        return []
+    return [str(item.get("token", "")) if isinstance(item, dict) else "" for item in content]
 
 
 def _json(value: Any) -> Any:

@@ -21,11 +21,12 @@ Every value is a bound parameter; the statements' text depends only on which fil
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
+from lightning_store.dashboard.latest_attempts import latest_errors, latest_runs
 from lightning_store.dashboard.reader import Reader
-from lightning_store.dashboard.rollout_errors import latest_errors
 from lightning_store.dashboard.rollout_filters import NO_MODE, PAGE_SIZE, RolloutFilters
 
 FETCH = PAGE_SIZE + 1
@@ -258,8 +259,9 @@ async def reward_sorted_ids(reader: Reader, f: RolloutFilters, cond: Conditions)
 
 
 async def page_rows(reader: Reader, ids: list[str]) -> list[dict[str, Any]]:
-    """``rollouts_v`` rows of ``ids`` in that order, each with ``reward``: its latest attempt's last reward, and
-    ``error``: why that attempt did not succeed (:mod:`lightning_store.dashboard.rollout_errors`), or None."""
+    """``rollouts_v`` rows of ``ids`` in that order, each with ``reward``: its latest attempt's last reward,
+    ``ran``: how long that attempt ran, and ``error``: why it did not succeed
+    (:mod:`lightning_store.dashboard.latest_attempts`), or None."""
     if not ids:
         return []
     names = {f"id_{i}": rollout_id for i, rollout_id in enumerate(ids)}
@@ -278,11 +280,13 @@ async def page_rows(reader: Reader, ids: list[str]) -> list[dict[str, Any]]:
         if seen is None or reward["sequence_id"] > seen[0]:
             last[reward["rollout_id"]] = (reward["sequence_id"], reward["reward"])
     errors = await latest_errors(reader, rows)
+    ran = await latest_runs(reader, rows, time.time())
     result = []
     for rollout_id in ids:
         if (row := by_id.get(rollout_id)) is not None:  # gone since the page was chosen: left out
             latest_reward = last[rollout_id][1] if rollout_id in last else None
-            result.append({**row, "reward": latest_reward, "error": errors.get(rollout_id)})
+            extra = {"reward": latest_reward, "error": errors.get(rollout_id), "ran": ran.get(rollout_id)}
+            result.append({**row, **extra})
     return result
 
 

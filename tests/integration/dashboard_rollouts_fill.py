@@ -31,6 +31,12 @@ HOSTILE_ID = "ro-\"q'é漢%?#&=+ ;x"
 """A rollout id with quotes, non-ASCII, and characters that mean something in a URL."""
 QUOTED_TASK = 'it\'s "quoted" — ü'
 ERROR_TEXT = "no answer in the response"
+UPSTREAM_ERROR = "upstream answered 502: Bad Gateway"
+"""How the proxy describes a call that got no answer (the failed rollout's calls)."""
+TOOLS = ("calculator", "search")
+"""The tools every recorded call offered."""
+TOKEN_TEXTS = ("It", "Ġis", ".")
+"""The response tokens' text, as the answer's logprobs carry it."""
 ROWS = """SELECT v.*, r.pk FROM rollouts_v v JOIN rollouts r ON r.rollout_id = v.rollout_id"""
 
 
@@ -50,9 +56,10 @@ def _reward_of(i: int) -> float:
 
 
 def attempt_spans(
-    target: AttemptedRollout, i: int, version: int, *, fail: bool, rewards: int = 1
-) -> tuple[list[Span], LlmCall]:
-    """The spans and the LLM-call record of one attempt (``i`` varies the numbers)."""
+    target: AttemptedRollout, i: int, version: int, *, fail: bool, rewards: int = 1, call_fails: bool = False
+) -> tuple[list[Span], LlmCall | None]:
+    """The spans and the LLM-call record of one attempt (``i`` varies the numbers). ``call_fails``: its LLM call
+    got no answer, as the proxy records an upstream's error (the span, with the error; no call record)."""
     attempt = target.attempt.attempt_id
     t0 = target.attempt.start_time
     ids = {name: f"{name}-{attempt}"[:64] for name in ("root", "call", "tool", "reward", "reward2", "error")}
@@ -81,11 +88,14 @@ def attempt_spans(
             t0 + 0.1,
             t0 + 0.6,
             ids["root"],
-            status=TraceStatus(status_code="OK"),
+            status=TraceStatus(status_code="ERROR", description=UPSTREAM_ERROR)
+            if call_fails
+            else TraceStatus(status_code="OK"),
             attributes={
                 "gen_ai.operation.name": "chat",
                 "lightning_store.llm_call": True,
                 "gen_ai.request.model": "policy",
+                **({"error.type": "upstream_error"} if call_fails else {}),
             },
         ),
         span(
@@ -119,8 +129,11 @@ def attempt_spans(
             value = _reward_of(i) + n * 0.125
             attributes = {sc.reward_name(0): "primary", sc.reward_value(0): value}
             spans.append(span(key, sc.ANNOTATION, t0 + 1.5 + n, t0 + 1.5 + n, ids["root"], attributes=attributes))
+    if call_fails:
+        return spans, None
     prompt = [100 + i, 7, 8, 9, i % 5]
     response = [200 + i, 3, 1]
+    logprobs = [-0.5, -0.25 - i / 1000, -0.125]
     call = LlmCall(
         rollout_id=target.rollout_id,
         attempt_id=attempt,
@@ -131,15 +144,27 @@ def attempt_spans(
         resources_version=version,
         prompt_token_ids=prompt,
         response_token_ids=response,
-        response_logprobs=[-0.5, -0.25 - i / 1000, -0.125],
+        response_logprobs=logprobs,
         request={
             "model": "policy-model",
             "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"What is {i} + 1?"}],
+            "tools": [{"type": "function", "function": {"name": name, "parameters": {}}} for name in TOOLS],
         },
         response={
-            "choices": [{"message": {"role": "assistant", "content": f"It is {i + 1}."}, "finish_reason": "stop"}],
+            "choices": [
+                {
+                    "message": {"role": "assistant", "content": f"It is {i + 1}."},
+                    "finish_reason": "stop",
+                    "logprobs": {
+                        "content": [
+                            {"token": text, "logprob": lp} for text, lp in zip(TOKEN_TEXTS, logprobs, strict=True)
+                        ]
+                    },
+                }
+            ],
             "usage": {"prompt_tokens": len(prompt) + 10, "completion_tokens": len(response) + 1},
         },
+        sampling_parameters={"temperature": 0.7, "max_tokens": 64},
         finish_reason="stop",
         start_time=t0 + 0.1,
         end_time=t0 + 0.6,
@@ -159,9 +184,11 @@ async def _run(
         singled = target.rollout_id in (filled.retried, filled.failed, filled.two_rewards)
         first = target.attempt.sequence_id == 1
         fail = (target.rollout_id in (filled.retried, filled.failed) and first) or (not singled and i % 11 == 5)
-        s, c = attempt_spans(target, i, version, fail=fail, rewards=2 if target.rollout_id == filled.two_rewards else 1)
+        rewards = 2 if target.rollout_id == filled.two_rewards else 1
+        call_fails = target.rollout_id == filled.failed  # it failed at its model: the upstream answered 502
+        s, c = attempt_spans(target, i, version, fail=fail, rewards=rewards, call_fails=call_fails)
         spans += s
-        calls.append(c)
+        calls += [c] if c is not None else []
         ends.append(
             AttemptEnd(
                 rollout_id=target.rollout_id,
@@ -257,7 +284,8 @@ class Site:
 
     async def expected(self) -> dict[str, dict[str, Any]]:
         """Every rollout as ``rollouts_v`` has it, with its ``pk``, ``reward`` and ``reward_time`` (the last reward
-        span of its latest attempt, from ``rewards_v``) and ``rank``: the database's order of its id."""
+        span of its latest attempt, from ``rewards_v``), ``ran`` (that attempt's ``attempts_v.duration_seconds``)
+        and ``rank``: the database's order of its id."""
         rows = {r["rollout_id"]: {**r, "reward": None, "reward_time": None} for r in await self.sql(ROWS)}
         for row in rows.values():
             row["metadata"] = json.loads(row["metadata"]) if isinstance(row["metadata"], str) else row["metadata"]
@@ -270,6 +298,11 @@ class Site:
             if w["attempt_id"] == row["latest_attempt_id"] and w["sequence_id"] > last.get(w["rollout_id"], -1):
                 last[w["rollout_id"]] = w["sequence_id"]
                 row["reward"], row["reward_time"] = w["reward"], w["time"]
+        for row in rows.values():
+            row["ran"] = None
+        for a in await self.sql("SELECT rollout_id, attempt_id, duration_seconds FROM attempts_v"):
+            if a["attempt_id"] == rows[a["rollout_id"]]["latest_attempt_id"]:
+                rows[a["rollout_id"]]["ran"] = a["duration_seconds"]  # every attempt of the fill has ended
         return rows
 
 

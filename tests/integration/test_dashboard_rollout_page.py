@@ -11,8 +11,17 @@ from urllib.parse import quote
 
 import pytest
 
+from lightning_store.spans import Span, TraceStatus
 from tests.integration.dashboard_html import Element, number
-from tests.integration.dashboard_rollouts_fill import ERROR_TEXT, HOSTILE_ID, Site, site_for
+from tests.integration.dashboard_rollouts_fill import (
+    ERROR_TEXT,
+    HOSTILE_ID,
+    TOKEN_TEXTS,
+    TOOLS,
+    UPSTREAM_ERROR,
+    Site,
+    site_for,
+)
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 pytestmark = pytest.mark.parametrize("database_url", BACKENDS, indirect=True)
@@ -142,6 +151,12 @@ async def test_llm_calls_show_the_records_numbers_and_text(site: Site) -> None:
         texts = [m.all(lambda e: e.tag == "pre")[0].text() for m in element.testids("call-message")]
         assert texts == [m["content"] for m in record.request["messages"]] and len(texts) == 2
         assert element.testid("call-response").text() == record.response["choices"][0]["message"]["content"]
+        # What the agent asked for beside the messages: the tools it offered, the sampling parameters sent.
+        assert [t.text() for t in element.testids("call-tool-offered")] == list(TOOLS)
+        sampling = {p.attrs["data-name"]: p.text() for p in element.testids("call-sampling-parameter")}
+        assert record.sampling_parameters == {"temperature": 0.7, "max_tokens": 64}
+        assert sampling == {k: f"{k}={json.dumps(v)}" for k, v in record.sampling_parameters.items()}
+        assert element.testids("call-untrainable") == []
 
 
 async def test_token_ids_load_on_demand_and_match_the_record(site: Site) -> None:
@@ -158,6 +173,8 @@ async def test_token_ids_load_on_demand_and_match_the_record(site: Site) -> None
         response = [(int(t.attrs["data-id"]), float(t.attrs["data-logprob"])) for t in tokens.testids("response-token")]
         assert response == list(zip(parsed(call["response_token_ids"]), parsed(call["response_logprobs"]), strict=True))
         assert tokens.testid("prompt-token-count").text() == str(len(prompt))
+        assert [t.text() for t in tokens.testids("response-token-text")] == list(TOKEN_TEXTS)  # the answer's
+        assert tokens.testids("token-texts-missing") == []
     missing = await site.page(f"/dashboard/rollouts/{rollout_id}/calls/nope/tokens", status=404)
     assert missing.testids("tokens-missing")
     other = await site.page(f"/dashboard/rollouts/{site.filled.failed}/calls/{next(iter(calls))}/tokens", status=404)
@@ -175,6 +192,41 @@ async def test_other_rollouts_pages(site: Site) -> None:
     assert queued.testids("attempts-empty") and queued.testids("rewards-empty") and queued.testids("calls-empty")
     failed = await site.page(f"/dashboard/rollouts/{site.filled.failed}")
     assert failed.testid("rollout-status").text() == "failed" and failed.testids("error-item")
+
+
+async def test_a_rollout_whose_calls_failed_shows_them_and_why(site: Site) -> None:
+    """Its model's upstream answered 502: the proxy recorded each call's span with the error and no call record;
+    the page lists those calls with the upstream's answer instead of saying that no call was made."""
+    page = await site.page(f"/dashboard/rollouts/{site.filled.failed}")
+    attempts = await site.sql("SELECT attempt_id FROM attempts_v WHERE rollout_id = :r", r=site.filled.failed)
+    failed_calls = page.testids("failed-call")
+    assert len(failed_calls) == len(attempts) >= 1
+    assert [f.testid("failed-call-message").text() for f in failed_calls] == [UPSTREAM_ERROR] * len(attempts)
+    assert page.testids("llm-call") == [] and page.testids("calls-empty") == []
+    spans = {row.attrs["data-span-id"] for row in page.testids("span-row")}
+    assert {f.attrs["data-span-id"] for f in failed_calls} <= spans
+
+
+async def test_llm_spans_that_did_not_go_through_the_proxy_are_named_as_such(site: Site) -> None:
+    """An agent whose instrumentation recorded its LLM calls but which called its model directly: the page says
+    the calls were made and why they have no token ids."""
+    rollout = await site.store.start_rollout({"q": 1})
+    span = Span(
+        rollout_id=rollout.rollout_id,
+        attempt_id=rollout.attempt.attempt_id,
+        sequence_id=1,
+        trace_id="cd" * 16,
+        span_id="direct-call",
+        name="ChatOpenAI",
+        status=TraceStatus(status_code="OK"),
+        attributes={"openinference.span.kind": "LLM"},
+        start_time=rollout.attempt.start_time,
+        end_time=rollout.attempt.start_time + 0.5,
+    )
+    await site.store.add_span(span)
+    page = await site.page(f"/dashboard/rollouts/{rollout.rollout_id}")
+    assert "recorded 1 LLM span " in page.testid("calls-unproxied").text()
+    assert page.testids("calls-empty") == [] and page.testids("failed-call") == []
 
 
 async def test_an_unknown_rollout_is_a_404_page(site: Site) -> None:

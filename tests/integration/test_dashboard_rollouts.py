@@ -67,6 +67,7 @@ async def test_the_first_page_shows_the_views_numbers_for_the_newest_50(site: Si
                 "step",
                 "task",
                 "start",
+                "ran",
                 "duration",
                 "attempts",
                 "reward",
@@ -84,6 +85,10 @@ async def test_the_first_page_shows_the_views_numbers_for_the_newest_50(site: Si
         assert [c.text() for c in cell["task"]] == [want["task_id"]]
         assert number(cell["start"][0].attrs["data-value"]) == want["start_time"]
         assert number(cell["duration"][0].attrs["data-value"]) == want["duration_seconds"]
+        # "ran" is the latest attempt's own time, not the wait in the queue before it.
+        assert number(cell["ran"][0].attrs["data-value"]) == want["ran"]
+        if want["ran"] is not None and want["duration_seconds"] is not None:
+            assert want["ran"] <= want["duration_seconds"]
         assert cell["attempts"][0].text() == str(want["num_attempts"])
         assert number(cell["reward"][0].attrs["data-value"]) == want["reward"]
         assert cell["worker"][0].text() == (want["latest_worker_id"] or "—")

@@ -1,6 +1,8 @@
-"""The error column of the rollouts list: why each listed rollout's latest attempt did not succeed.
+"""The columns of the rollouts list that read each listed rollout's latest attempt: how long it ran (``ran``:
+from the attempt's start, not from the enqueue, to its end, or to now while it runs) and why it did not succeed
+(``error``), each read for a whole page at once.
 
-The rule is ``lightning_store.transcript.attempt_error``'s (what ``store rollouts list`` shows), read with two
+The error's rule is ``lightning_store.transcript.attempt_error``'s (what ``store rollouts list`` shows), read with two
 statements for a whole page instead of the spans of every attempt: the last ``agentlightning.exception`` span's
 status message (what the runner records when the agent raises, ``ValueError: …``), else the reason the attempt
 was released with (``released: worker stopped``), else what its status says (timed out, stopped sending
@@ -46,3 +48,21 @@ def _released(metadata: Any) -> str | None:
     value = json.loads(metadata) if isinstance(metadata, str) else metadata
     reason = value.get("released") if isinstance(value, dict) else None
     return f"released: {reason}" if reason else None
+
+
+async def latest_runs(reader: Reader, rows: list[dict[str, Any]], now: float) -> dict[str, float]:
+    """``{rollout_id: seconds}``: how long each row's latest attempt ran, from its start to its end (to ``now``
+    while it runs); rollouts never claimed have none."""
+    latest = {r["latest_attempt_id"]: r["rollout_id"] for r in rows if r.get("latest_attempt_id")}
+    if not latest:
+        return {}
+    names = {f"a_{i}": attempt_id for i, attempt_id in enumerate(latest)}
+    listed = ", ".join(f":{name}" for name in names)
+    attempts = await reader.rows(
+        f"SELECT attempt_id, start_time, end_time FROM attempts_v WHERE attempt_id IN ({listed})", names
+    )
+    return {
+        latest[a["attempt_id"]]: max(0.0, (a["end_time"] if a["end_time"] is not None else now) - a["start_time"])
+        for a in attempts
+        if a["start_time"] is not None
+    }
