@@ -50,11 +50,14 @@ class MetricsLog:
     history: list[dict[str, float]] = field(default_factory=list)
 
     @classmethod
-    async def start(cls, store: LightningStore, algorithm: str, config: Mapping[str, Any]) -> MetricsLog:
-        run = await store.start_rollout(
-            {"algorithm": algorithm, "config": dict(config)}, metadata={"training_run": algorithm}
-        )
-        return cls(store, run)
+    async def start(
+        cls, store: LightningStore, algorithm: str, config: Mapping[str, Any], run: Mapping[str, Any] | None = None
+    ) -> MetricsLog:
+        """The run's record: a rollout whose input is the algorithm, its options (``config``) and what else the run
+        is (``run``: :attr:`TrainingSession.run_info`), which the dashboard's run page shows."""
+        described = {"algorithm": algorithm, "config": dict(config), **({"run": dict(run)} if run else {})}
+        rollout = await store.start_rollout(described, metadata={"training_run": algorithm})
+        return cls(store, rollout)
 
     async def log(self, step: int, metrics: Mapping[str, float]) -> None:
         values = {k: float(v) for k, v in metrics.items()}
@@ -119,6 +122,9 @@ class TrainingSession:
     on_span: Callable[[str, Mapping[str, Any]], None] = lambda name, attributes: None
     """Told each span the run writes (:attr:`MetricsLog.on_span`)."""
     trainer: TrainerSettings = field(default_factory=TrainerSettings)
+    run_info: Mapping[str, Any] = field(default_factory=dict)
+    """What the run is beside the algorithm's options (the model, the agent, the runners, the number of tasks),
+    as the one that started it knows it (``Trainer``): written into the run's record (:meth:`MetricsLog.start`)."""
     freeze_heap: bool = False
     """The process is the trainer's own: once the models are loaded, what exists is exempted from full garbage
     collections (:func:`lightning_store.aio.freeze_startup_heap`). Off where training shares a process (tests)."""

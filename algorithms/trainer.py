@@ -300,6 +300,7 @@ class Trainer:
             on_phase=display.phase,
             on_run=trackers.start,
             on_span=trackers.on_span,
+            run_info=self._run_info(plan, output),
             freeze_heap=self.freeze_heap,
             **backend,
         )
@@ -310,6 +311,27 @@ class Trainer:
             if close is not None:
                 await close()
         return result
+
+
+    def _run_info(self, plan: Plan, output: Path) -> dict[str, Any]:
+        """What the run's record says it is beside the algorithm's options (the dashboard's run page)."""
+        splits = plan.splits
+        info: dict[str, Any] = {
+            "agent": plan.agent,
+            "model": str(plan.model) if plan.model is not None else None,
+            "runners": self.runners,
+            "concurrency": self.concurrency,
+            "tasks": {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)},
+            "steps": plan.steps,
+            "output": str(output.resolve()),
+        }
+        if plan.serving is not None:
+            info["policy_server"] = plan.serving.policy_server
+        if plan.training is not None:
+            info["trainer"] = plan.training.trainer
+        if plan.trackers:
+            info["report_to"] = plan.trackers
+        return info
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ class APO(Algorithm):
         publish_id = (resumed or {}).get("publish_resources_id") or c.publish_resources_id or snapshot.resources_id
         settings = session.optimizer
         budget = Budget(c.max_rollouts, c.max_optimizer_calls, c.max_optimizer_tokens)
-        log = await _run_log(store, session.output_dir, c, resumed, snapshot, publish_id, session.max_steps)
+        log = await _run_log(store, session, c, resumed, snapshot, publish_id)
         session.attach(log)
         optimizer = Optimizer(settings, store, log.run.rollout_id, log.run.attempt.attempt_id, budget)
         try:
@@ -204,15 +204,15 @@ def _read_marker(output: Path) -> dict[str, str] | None:
 
 async def _run_log(
     store: LightningStore,
-    output: Path,
+    session: TrainingSession,
     c: ApoConfig,
     resumed: dict[str, str] | None,
     seed: ResourcesUpdate,
     publish_id: str,
-    max_steps: int | None,
 ) -> MetricsLog:
-    """The run's rollout: the one ``output`` names when resuming, else a new one, whose id, seed and publishing
-    target are written there (the seed as a content-addressed snapshot, so that it stays what it was)."""
+    """The run's rollout: the one the output directory names when resuming, else a new one, whose id, seed and
+    publishing target are written there (the seed as a content-addressed snapshot, so that it stays what it was)."""
+    output, max_steps = session.output_dir, session.max_steps
     if resumed is not None:
         rollout = await store.get_rollout_by_id(resumed["run_id"])
         if isinstance(rollout, AttemptedRollout):
@@ -221,8 +221,9 @@ async def _run_log(
     seed_id = resources_id_of(seed.resources)
     if await store.get_resources_by_id(seed_id) is None:
         await store.update_resources(seed_id, seed.resources)
-    log = await MetricsLog.start(store, APO.name, c.model_dump(mode="json") | {"max_steps": max_steps})
-    output.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - a few bytes, once per run
+    config = c.model_dump(mode="json") | {"max_steps": max_steps}
+    log = await MetricsLog.start(store, APO.name, config, run=session.run_info)
+    output.mkdir(parents=True, exist_ok=True)  # a few bytes, once per run: not worth a thread
     marker = {"run_id": log.run.rollout_id, "seed_resources_id": seed_id, "publish_resources_id": publish_id}
     written = output / f"{RUN_FILE}.new"
     written.write_text(json.dumps(marker) + "\n")

@@ -199,7 +199,7 @@ class LightningRL(Algorithm):
         # The store's version of the policy resources is what the proxy stamps on each LLM call: staleness is
         # measured against it (it keeps counting across runs on the same store).
         published = await collect.publish_policy(store, self._policy_llm(session))
-        log = await MetricsLog.start(store, self.name, c.model_dump())
+        log = await MetricsLog.start(store, self.name, c.model_dump(), run=session.run_info)
         session.attach(log)
         run_id = log.run.rollout_id  # every rollout the run enqueues names it (metadata.training_run_id)
         sampler = collect.TaskSampler(session.train_tasks, c.tasks_per_step, seed=c.seed)

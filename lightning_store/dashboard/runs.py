@@ -1,6 +1,8 @@
 """The training-runs pages: ``/dashboard/runs`` (every RL and APO run) and ``/dashboard/runs/{run_id}``.
 
-Contract: an RL run's page shows its metric charts by step, each with its latest value in the DOM
+Contract: a run's page shows what it is (its record's input: the algorithm's options, and the model, agent,
+runners and tasks that ``Trainer`` wrote there) and which steps trained nothing (metric ``untrained``); an RL
+run's page shows its metric charts by step, each with its latest value in the DOM
 (``data-testid="metric-<name>-last"``, the exact value in ``data-value``), and every ``training_steps_v`` row
 of the run (``data-testid="step-row"``); an APO run's page shows its per-round charts, its outcome and budgets
 (``apo_runs_v``) and its candidates (``prompt_candidates_v``) by round with their lineage. Both list the run's
@@ -17,7 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from lightning_store.dashboard.apo_run import apo_run_row, candidates
-from lightning_store.dashboard.prompt_diff import is_possible_id
+from lightning_store.dashboard.prompt_diff import is_possible_id, json_value
 from lightning_store.dashboard.reader import reader_of
 from lightning_store.dashboard.run_list import APO, list_runs, training_rollouts
 from lightning_store.dashboard.run_steps import read_steps
@@ -58,7 +60,12 @@ async def run_page(request: Request, run_id: str) -> Response:
         if owner is not None and owner != run_id:
             return RedirectResponse(f"/dashboard/runs/{quote(str(owner), safe='')}", status_code=307)
     rollout_ids = list(dict.fromkeys([run_id, *steps.rollout_ids]))
+    described = json_value(await reader.scalar("SELECT input FROM rollouts_v WHERE rollout_id = :r", {"r": run_id}))
+    described = described if isinstance(described, dict) else {}
     context |= {
+        "config": _flat(described.get("config")),
+        "about": described.get("run") if isinstance(described.get("run"), dict) else {},
+        "untrained": [row["step"] for row in steps.rows if row["metric_values"].get("untrained")],
         "kind": "apo" if apo is not None else "rl",
         "algorithm": APO if apo is not None else (own[0]["algorithm"] if own else steps.rows[0]["algorithm"]),
         "steps": steps,
@@ -69,3 +76,16 @@ async def run_page(request: Request, run_id: str) -> Response:
     if apo is not None:
         context |= await candidates(reader, run_id)
     return render(request, "run.html", context)
+
+
+def _flat(config: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """The run's options as (``a.b`` name, value) pairs, sorted; nested options flattened."""
+    if not isinstance(config, dict):
+        return []
+    pairs: list[tuple[str, Any]] = []
+    for key, value in sorted(config.items()):
+        if isinstance(value, dict) and value:
+            pairs += _flat(value, f"{prefix}{key}.")
+        else:
+            pairs.append((f"{prefix}{key}", value))
+    return pairs

@@ -10,6 +10,7 @@ optimizer and agents would call) is the only one.
 from __future__ import annotations
 
 import ast
+import json
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ import psutil
 import pytest
 
 from tests import apo_agents as agents
-from tests.acceptance.test_apo import latest_template, runs, stack, write_tasks
+from tests.acceptance.test_apo import latest_template, runs, sql, stack, write_tasks
 from tests.scripted_optimizer import OPTIMIZER_MODEL, create_app
 
 pytestmark = pytest.mark.slow
@@ -203,6 +204,11 @@ def test_apo_runs_through_the_same_call(tmp_path: Path) -> None:
         )
         assert latest_template(env["db"]) == agents.GOOD_REWRITE
         (run,) = runs(env["db"])
+        [record] = sql(env["db"], "SELECT input FROM rollouts_v WHERE rollout_id = ?", run["run_id"])
+    # What the run is, as the dashboard's run page shows it: beside the options, what the Trainer was given.
+    about = json.loads(record["input"])["run"]
+    assert about["agent"] == "tests.apo_agents:classify" and about["model"] is None and about["runners"] == 2
+    assert about["tasks"] == {split: len(agents.classify_tasks(split)) for split in ("train", "val", "test")}
     assert summary.algorithm == "apo" and summary.checkpoint is None and summary.store == env["store"]
     assert summary.val_reward["last"] == 1.0 > summary.val_reward["first"]
     assert run["best_test_score"] == 1.0 and summary.history[0]["step"] == 0

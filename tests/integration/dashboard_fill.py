@@ -42,7 +42,19 @@ REWRITE_CLASSIFY = (
 REWRITE_CHECKER = "Check the proposal {plan} with hint-check.\nSay yes or no."
 REJECTED_CHECKER = "Check {plan}. Explain at length."
 INVALID_CLASSIFY = "Classify the item. It dropped its placeholder."
-RL_CONFIG = {"learning_rate": 1e-5, "group_size": 2}
+RL_CONFIG = {"learning_rate": 1e-5, "group_size": 2, "optimizer": {"betas": [0.9, 0.99]}}
+RL_RUN = {
+    "agent": "examples.flight.agent:flight_agent",
+    "model": "/models/flight-model",
+    "runners": 2,
+    "concurrency": 1,
+    "tasks": {"train": 8, "val": 4, "test": 0},
+    "policy_server": "transformers",
+    "trainer": "torch",
+}
+"""What ``Trainer`` writes into a run's record beside the options (``TrainingSession.run_info``)."""
+UNTRAINED_STEP = 1
+"""The step of the RL run that trained nothing (metric ``untrained``)."""
 
 
 def rl_metrics(step: int, version: int) -> dict[str, float]:
@@ -64,6 +76,7 @@ def rl_metrics(step: int, version: int) -> dict[str, float]:
         "train_seconds": 0.25,
         "step_seconds": 1.0 + step / 3,
         "version": float(version),
+        "untrained": float(step == UNTRAINED_STEP),
     }
 
 
@@ -86,7 +99,7 @@ async def fill_rl_run(store: LightningStore, filled: Filled) -> None:
     ``policy`` versions it published."""
     llm: NamedResources = {"main_llm": LLM(endpoint="http://127.0.0.1:9/v1", model="policy")}
     published = await store.update_resources(POLICY, llm)
-    log = await MetricsLog.start(store, "grpo", RL_CONFIG)
+    log = await MetricsLog.start(store, "grpo", RL_CONFIG, run=RL_RUN)
     filled.rl_run_id = log.run.rollout_id
     await log.log(0, val_metrics(0.25))
     for step in (1, 2, 3):

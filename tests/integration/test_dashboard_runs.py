@@ -23,8 +23,10 @@ from tests.integration.dashboard_fill import (
     PUBLISH_ID,
     REWRITE_CHECKER,
     REWRITE_CLASSIFY,
+    RL_RUN,
     SEED_CHECKER,
     SEED_CLASSIFY,
+    UNTRAINED_STEP,
     Filled,
     fill,
 )
@@ -143,6 +145,15 @@ async def test_an_rl_run_page_shows_every_step_and_latest_metric_of_training_ste
     links = {e.attrs["href"] for e in page.testids("span-link")}
     assert links == {f"/dashboard/rollouts/{s['rollout_id']}#span-{s['span_id']}" for s in spans} and len(links) == 7
     assert page.testid("run-calls-empty")
+    # What the run is: the options and what Trainer wrote beside them; the step that trained nothing stands out.
+    options = {e.attrs["data-name"]: json.loads(e.text()) for e in page.testids("run-option")}
+    assert options == {"learning_rate": 1e-5, "group_size": 2, "optimizer.betas": [0.9, 0.99]}
+    assert page.testid("run-model").text() == RL_RUN["model"]
+    assert page.testid("run-agent").text().startswith(f"{RL_RUN['agent']} (2 runner workers")
+    assert page.testid("run-tasks").text() == "train 8 · val 4 · test 0"
+    assert page.testid("run-untrained").attrs["data-value"] == "1"
+    flagged = [int(r.attrs["data-step"]) for r in rows if r.attrs.get("data-untrained") == "1"]
+    assert flagged == [UNTRAINED_STEP]
     # The resumed rollout's id leads to the run it continues.
     response = await site.http.get(f"/dashboard/runs/{site.filled.rl_resumed_id}")
     assert response.status_code == 307 and response.headers["location"] == f"/dashboard/runs/{run_id}"
