@@ -6,7 +6,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
-from lightning_store.dashboard import auth, login, overview, resources, rollout, rollouts, runs
+from lightning_store.dashboard import auth, login, overview, resources, rollout, rollouts, runs, search, tasks
 from lightning_store.dashboard.reader import DashboardUnavailableError
 from lightning_store.dashboard.templating import HERE, render
 
@@ -15,7 +15,8 @@ def install(app: FastAPI) -> None:
     """Adds the dashboard to ``app``. Its pages are left out of the OpenAPI document: they are HTML for people,
     not part of the API."""
     router = APIRouter(prefix=auth.PREFIX, include_in_schema=False)
-    for page in (login.router, overview.router, runs.router, resources.router, rollouts.router, rollout.router):
+    pages = (login, overview, runs, resources, rollouts, rollout, search, tasks)
+    for page in (module.router for module in pages):
         router.include_router(page)
     app.include_router(router)
     app.mount(auth.STATIC_PREFIX.rstrip("/"), StaticFiles(directory=HERE / "static"), name="dashboard-static")
