@@ -312,7 +312,6 @@ class Trainer:
                 await close()
         return result
 
-
     def _run_info(self, plan: Plan, output: Path) -> dict[str, Any]:
         """What the run's record says it is beside the algorithm's options (the dashboard's run page)."""
         splits = plan.splits

@@ -60,8 +60,8 @@ async def test_search_finds_the_calls_whose_prompt_or_answer_holds_the_text(site
     everywhere = await search(site, "be brief")
     shown = everywhere.testids("search-hit")
     assert len(shown) == 50 and everywhere.testids("search-more")
-    times = [number(h.all(lambda e: "data-value" in e.attrs)[-1].attrs["data-value"]) for h in shown]
-    assert times == sorted(times, reverse=True)
+    times = [number(h.all(lambda e: "data-value" in e.attrs)[-1].attrs["data-value"]) or 0.0 for h in shown]
+    assert times == sorted(times, reverse=True) and all(times)
 
 
 async def test_search_matches_text_not_json_and_takes_any_text(site: Site) -> None:
@@ -115,11 +115,11 @@ async def test_a_task_page_compares_its_rollouts_version_by_version(site: Site) 
         mean = number(element.testid("task-version-mean-reward").attrs["data-value"])
         assert mean == (pytest.approx(sum(rewards) / len(rewards)) if rewards else None)
     for table in page.testids("task-rollouts"):
-        for row in table.testids("task-rollout"):
-            want = expected[row.attrs["data-rollout-id"]]
+        for shown in table.testids("task-rollout"):
+            want = expected[shown.attrs["data-rollout-id"]]
             assert want["task_id"] == task
-            assert number(row.testid("task-rollout-reward").attrs["data-value"]) == want["reward"]
-            assert row.testid("task-rollout-answer").text() == answers.get(want["rollout_id"], "")
+            assert number(shown.testid("task-rollout-reward").attrs["data-value"]) == want["reward"]
+            assert shown.testid("task-rollout-answer").text() == answers.get(want["rollout_id"], "")
     # The rollout page links its task here.
     link = (await site.page(f"/dashboard/rollouts/{quote(mine[0]['rollout_id'], safe='')}")).testid("rollout-task-link")
     assert link.attrs["href"] == f"/dashboard/tasks/{task}"
