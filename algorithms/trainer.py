@@ -145,21 +145,21 @@ class Trainer:
         display = self._display(plan.steps)
         output = Path(self.output)
         output.mkdir(parents=True, exist_ok=True)
-        with display, contextlib.ExitStack() as stack:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(display)
             history = self._run(stack, display, plan, output)
             display.phase("stopping")
-            stack.close()  # the policy server, the runners and the store stop before the summary is shown
-            needs_policy = self.algorithm.needs_policy
-            summary = Summary.of(
-                history,
-                algorithm=self.algorithm.name,
-                wall_seconds=time.monotonic() - began,
-                output=output,
-                checkpoint=newest_checkpoint(output) if needs_policy else None,
-                logs=run_logs(output),
-                store=str(output / "store.db") if self.store is None else self.store,
-            )
-            display.summary(summary)
+            # The policy server, the runners and the store stop, and the live display ends, before the summary.
+        summary = Summary.of(
+            history,
+            algorithm=self.algorithm.name,
+            wall_seconds=time.monotonic() - began,
+            output=output,
+            checkpoint=newest_checkpoint(output) if self.algorithm.needs_policy else None,
+            logs=run_logs(output),
+            store=str(output / "store.db") if self.store is None else self.store,
+        )
+        display.summary(summary)
         return summary
 
     def dry_run(self, agent: object = None, train: Any = None, val: Any = None, test: Any = None) -> DryRun:

@@ -30,6 +30,22 @@ router = APIRouter(prefix="/v1", route_class=CheckedJsonRoute)
 logger = logging.getLogger(__name__)
 
 MAX_BATCH = 100_000
+EVENT_LINE = {
+    "type": "object",
+    "description": "One line of the stream: begin, then per file `file`, `rows` (the file's columns) and `end_file`, "
+    "then done; `error` ends a stream that failed midway.",
+    "properties": {
+        "event": {"type": "string", "enum": ["begin", "file", "rows", "end_file", "done", "error"]},
+        "schema_revision": {"type": ["string", "null"]},
+        "database": {"type": "string"},
+        "file": {"type": "string"},
+        "batch_size": {"type": "integer"},
+        "columns": {"type": "array", "items": {"type": "array"}},
+        "message": {"type": "string"},
+    },
+    "required": ["event"],
+}
+"""The schema of one line of ``POST /v1/export``'s answer (for the OpenAPI document)."""
 FileName = Literal["rollouts", "attempts", "llm_calls", "spans", "training_steps"]
 
 
@@ -50,7 +66,10 @@ class ExportBody(wire.Body):
     "/export",
     response_class=StreamingResponse,
     responses={
-        200: {"content": {"application/x-ndjson": {}}, "description": "The export's events, one JSON line each."},
+        200: {
+            "content": {"application/x-ndjson": {"schema": EVENT_LINE}},
+            "description": "The export's events, one JSON line each (docs/reference/http.md).",
+        },
         400: {"description": "A filter that cannot select as given: `detail` and `field`."},
     },
 )
