@@ -142,14 +142,10 @@ def describe(trainer: Trainer, plan: Plan) -> list[tuple[str, str]]:
 
 
 def _resume_point(output: Path) -> str:
-    from algorithms.training.checkpoints import PREFIX
+    from algorithms.trainer import newest_checkpoint
 
-    steps = sorted(
-        int(path.name.removeprefix(PREFIX))
-        for path in output.glob(f"{PREFIX}*")
-        if path.name.removeprefix(PREFIX).isdigit()
-    )
-    return f", resuming from {PREFIX}{steps[-1]}" if steps else ""
+    newest = newest_checkpoint(output)  # the one a resumed run continues from (complete checkpoints only)
+    return f", resuming from {newest.name}" if newest is not None else ""
 
 
 def _model_check(model: Path) -> Finding:
@@ -208,7 +204,6 @@ def _quiet(name: str) -> Iterator[None]:
 async def _algorithm_check(trainer: Trainer, plan: Plan) -> list[Finding]:
     """The algorithm's own checks, on the store the run would use (an embedded one not made yet: the empty store
     it will be, in a temporary directory)."""
-    from algorithms.session import TrainingSession
     from lightning_store.connect import connect
 
     output = Path(trainer.output)
@@ -223,18 +218,7 @@ async def _algorithm_check(trainer: Trainer, plan: Plan) -> list[Finding]:
                 store = await connect(target, token=trainer.token if trainer.store else None, timeout=10)
         except Exception as error:  # a store that cannot be opened is the store check's finding
             return [Finding("algorithm", "warn", f"not checked: the store cannot be opened ({error})")]
-        session = TrainingSession(
-            store=store,
-            train_tasks=plan.splits.train,
-            val_tasks=plan.splits.val,
-            test_tasks=plan.splits.test,
-            model_dir=plan.model,
-            output_dir=output,
-            policy=None,
-            optimizer=plan.optimizer,
-            max_steps=plan.steps,
-            resume=trainer.resume,
-        )
+        session = trainer.session(plan, store, output)
         try:
             found = await trainer.algorithm.check(session)
         except ConfigurationError as error:

@@ -53,7 +53,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from algorithms.dry_run import DryRun
-    from algorithms.session import ServedPolicy
+    from algorithms.session import ServedPolicy, TrainingSession
+    from lightning_store.contract import LightningStore
 
 logger = logging.getLogger(__name__)
 
@@ -274,7 +275,6 @@ class Trainer:
         display: RunDisplay,
         trackers: Trackers,
     ) -> dict[str, Any]:
-        from algorithms.session import TrainingSession
         from lightning_store.connect import connect
 
         url, token = connection
@@ -284,9 +284,37 @@ class Trainer:
             display.update(number, metrics)
             trackers.log_step(number, metrics)
 
-        backend = {"trainer": plan.training} if plan.training is not None else {}  # else the default (unused)
-        session = TrainingSession(
-            store=client,
+        session = self.session(
+            plan,
+            client,
+            output,
+            policy=policy,
+            on_step=step,
+            on_phase=display.phase,
+            on_run=trackers.start,
+            on_span=trackers.on_span,
+            run_info=self._run_info(plan, output),
+            freeze_heap=self.freeze_heap,
+        )
+        try:
+            result: dict[str, Any] = await self.algorithm.train(session)
+        finally:
+            close = getattr(client, "close", None)
+            if close is not None:
+                await close()
+        return result
+
+    def session(
+        self, plan: Plan, store: LightningStore, output: Path, *, policy: ServedPolicy | None = None, **hooks: Any
+    ) -> TrainingSession:
+        """The session ``plan`` trains in on ``store``: its tasks, model, output, bounds and backend; ``hooks``
+        adds the listeners and the rest (``on_step``, ``run_info``, …). :mod:`algorithms.dry_run` checks with one."""
+        from algorithms.session import TrainingSession
+
+        if plan.training is not None:  # else the session's default (unused: nothing is trained)
+            hooks["trainer"] = plan.training
+        return TrainingSession(
+            store=store,
             train_tasks=plan.splits.train,
             val_tasks=plan.splits.val,
             test_tasks=plan.splits.test,
@@ -296,21 +324,8 @@ class Trainer:
             optimizer=plan.optimizer,
             max_steps=plan.steps,
             resume=self.resume,
-            on_step=step,
-            on_phase=display.phase,
-            on_run=trackers.start,
-            on_span=trackers.on_span,
-            run_info=self._run_info(plan, output),
-            freeze_heap=self.freeze_heap,
-            **backend,
+            **hooks,
         )
-        try:
-            result: dict[str, Any] = await self.algorithm.train(session)
-        finally:
-            close = getattr(client, "close", None)
-            if close is not None:
-                await close()
-        return result
 
     def _run_info(self, plan: Plan, output: Path) -> dict[str, Any]:
         """What the run's record says it is beside the algorithm's options (the dashboard's run page)."""

@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from lightning_store import semconv
-from lightning_store.dashboard.reader import Reader
+from lightning_store.dashboard.reader import Reader, bound_list
 from lightning_store.transcript import QUIET_STATUSES
 
 FAILED_STATUSES = ("failed", "timeout", "unresponsive")
@@ -26,8 +26,7 @@ async def latest_errors(reader: Reader, rows: list[dict[str, Any]]) -> dict[str,
     failing = {r["latest_attempt_id"]: r for r in rows if r.get("latest_attempt_status") in FAILED_STATUSES}
     if not failing:
         return {}
-    names = {f"a_{i}": attempt_id for i, attempt_id in enumerate(failing)}
-    listed = ", ".join(f":{name}" for name in names)
+    listed, names = bound_list("a", failing)
     spans = await reader.rows(
         f"SELECT attempt_id, sequence_id, status_message FROM spans_v WHERE name = :exception "
         f"AND attempt_id IN ({listed}) ORDER BY sequence_id",
@@ -56,8 +55,7 @@ async def latest_runs(reader: Reader, rows: list[dict[str, Any]], now: float) ->
     latest = {r["latest_attempt_id"]: r["rollout_id"] for r in rows if r.get("latest_attempt_id")}
     if not latest:
         return {}
-    names = {f"a_{i}": attempt_id for i, attempt_id in enumerate(latest)}
-    listed = ", ".join(f":{name}" for name in names)
+    listed, names = bound_list("a", latest)
     attempts = await reader.rows(
         f"SELECT attempt_id, start_time, end_time FROM attempts_v WHERE attempt_id IN ({listed})", names
     )

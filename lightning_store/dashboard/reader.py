@@ -8,7 +8,7 @@ do not already hide (time buckets, JSON members of ``metadata``) live in the sma
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import sqlalchemy as sa
@@ -68,6 +68,12 @@ class Reader:
             )
         path = f"'$.\"{key}\"'"
         return f"CASE WHEN json_type({column}, {path}) IN ('integer', 'real') THEN json_extract({column}, {path}) END"
+
+
+def bound_list(prefix: str, values: Iterable[Any]) -> tuple[str, dict[str, Any]]:
+    """``values`` as bound parameters for ``IN (…)``: the placeholders (``:a_0, :a_1``) and their values."""
+    params = {f"{prefix}_{i}": value for i, value in enumerate(values)}
+    return ", ".join(f":{name}" for name in params), params
 
 
 def reader_of(request: Request) -> Reader:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightning_store.dashboard.latest_attempts import latest_errors, latest_runs
-from lightning_store.dashboard.reader import Reader
+from lightning_store.dashboard.reader import Reader, bound_list
 from lightning_store.dashboard.rollout_filters import NO_MODE, PAGE_SIZE, RolloutFilters
 
 FETCH = PAGE_SIZE + 1
@@ -264,8 +264,7 @@ async def page_rows(reader: Reader, ids: list[str]) -> list[dict[str, Any]]:
     (:mod:`lightning_store.dashboard.latest_attempts`), or None."""
     if not ids:
         return []
-    names = {f"id_{i}": rollout_id for i, rollout_id in enumerate(ids)}
-    listed = ", ".join(f":{name}" for name in names)
+    listed, names = bound_list("id", ids)
     rows = await reader.rows(f"SELECT {COLUMNS} FROM rollouts_v WHERE rollout_id IN ({listed})", names)
     by_id = {row["rollout_id"]: row for row in rows}
     rewards = await reader.rows(

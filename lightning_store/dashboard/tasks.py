@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from lightning_store.dashboard.prompt_diff import json_value
-from lightning_store.dashboard.reader import Reader, reader_of
+from lightning_store.dashboard.reader import Reader, bound_list, reader_of
 from lightning_store.dashboard.rollouts_query import page_rows
 from lightning_store.dashboard.templating import render
 from lightning_store.dashboard.timing import TimedReader
@@ -82,8 +82,7 @@ async def _final_answers(reader: Reader, rows: list[dict[str, Any]]) -> dict[str
     latest = {r["latest_attempt_id"]: r["rollout_id"] for r in rows if r.get("latest_attempt_id")}
     if not latest:
         return {}
-    names = {f"a_{i}": attempt_id for i, attempt_id in enumerate(latest)}
-    listed = ", ".join(f":{name}" for name in names)
+    listed, names = bound_list("a", latest)
     calls = await reader.rows(
         f"SELECT attempt_id, sequence_id, response FROM llm_calls WHERE attempt_id IN ({listed}) ORDER BY sequence_id",
         names,
