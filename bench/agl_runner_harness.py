@@ -3,7 +3,9 @@
 
 Run with an interpreter that has ``agentlightning`` (0.3.0), never with the project's: this file imports only the
 standard library at the top and agentlightning lazily, which is why mypy skips it (agentlightning is never a
-dependency of the project) and why it does not import ``lightning_store``.
+dependency of the project) and why it does not import ``lightning_store``. Nor can it import ``bench/harness.py``, which
+needs the project: its process helpers (``free_port``, ``stop``, ``child``, ``wait_http``) are that module's, written
+again, and its agents are ``bench/runner_agents.py``'s, written against Agent Lightning's API.
 
 For each agent and runner count it starts a fresh ``agl store`` (the in-memory store behind Agent Lightning's
 HTTP server, the same command line as ``bench/server_ops.py``) and a fresh runner fleet, driven through the

@@ -32,8 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,11 +43,10 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy.engine import make_url
 
-from algorithms.local_stack import free_port, store_command, subprocess_in, wait_healthy
 from bench.dashboard_fill import fill
+from bench.harness import add_postgres_url, postgres_database, server
 from lightning_store.sql import open_store
 
-DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 TIMING = re.compile(r"(\w+);dur=([0-9.]+)")
 
 
@@ -159,16 +157,6 @@ def measure(base: str, name: str, target: str, repeat: int) -> Measured:
     return Measured(name, path, status, wall, app, db)
 
 
-@contextlib.contextmanager
-def served(database_url: str, log: Path) -> Iterator[str]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    argv = [*store_command(), "serve", "--port", str(port), "--database-url", database_url, "--log-level", "warning"]
-    with subprocess_in(argv, log) as process:
-        wait_healthy(url, process, log, timeout=120)
-        yield url
-
-
 async def filled(database_url: str, rollouts: int) -> str:
     store = await open_store(database_url, migrate=True, watchdog=False)
     try:
@@ -199,44 +187,19 @@ async def vacuum(database_url: str) -> None:
         await conn.close()
 
 
-@contextlib.contextmanager
-def postgres_database(server_url: str) -> Iterator[str]:
-    """A fresh database on the Postgres server at ``server_url`` (dropped on exit); yields its SQLAlchemy URL."""
-    import asyncpg  # the postgres extra
-
-    name = f"bench_dashboard_{uuid.uuid4().hex[:8]}"
-
-    async def admin(sql: str) -> None:
-        conn = await asyncpg.connect(server_url)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(admin(f"CREATE DATABASE {name}"))
-    try:
-        yield (
-            make_url(server_url)
-            .set(drivername="postgresql+asyncpg", database=name)
-            .render_as_string(hide_password=False)
-        )
-    finally:
-        asyncio.run(admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-
-
 def run_backend(backend: str, database_url: str | None, args: argparse.Namespace, work: Path) -> list[Measured]:
     with contextlib.ExitStack() as stack:
         if database_url is None:
             if backend == "sqlite":
                 database_url = f"sqlite+aiosqlite:///{work / 'dashboard.db'}"
             else:
-                database_url = stack.enter_context(postgres_database(args.postgres_url))
+                database_url = stack.enter_context(postgres_database(args.postgres_url, "bench_dashboard"))
             print(f"{backend}: filling {args.rollouts} rollouts …", file=sys.stderr, flush=True)
             asyncio.run(filled(database_url, args.rollouts))
             if backend == "postgres":
                 asyncio.run(vacuum(database_url))
         targets = asyncio.run(pages(database_url))
-        base = stack.enter_context(served(database_url, work / f"serve-{backend}.log"))
+        base = stack.enter_context(server(backend, work, database_url))
         return [measure(base, name, target, args.repeat) for name, target in targets]
 
 
@@ -261,9 +224,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=7, help="timed requests per page (after one warm-up)")
     parser.add_argument("--backends", default="sqlite", help="sqlite, postgres or both (comma-separated)")
     parser.add_argument("--database-url", help="bench an already filled store instead (its backend only)")
-    parser.add_argument(
-        "--postgres-url", default=os.environ.get("LIGHTNING_STORE_BENCH_POSTGRES_URL", DEFAULT_POSTGRES_URL)
-    )
+    add_postgres_url(parser)
     parser.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
     return parser.parse_args(argv)
 

@@ -16,10 +16,10 @@ the schema's own table definitions; the benchmark measures the export, not the i
 
 Run from the repository root::
 
-    python bench/export.py                          # 100k and 1M spans
-    python bench/export.py --sizes 20000 200000     # quicker
-    python bench/export.py --backend postgres
-    python bench/export.py --batch-size 1000 --json
+    python -m bench.export                          # 100k and 1M spans
+    python -m bench.export --sizes 20000 200000     # quicker
+    python -m bench.export --backend postgres
+    python -m bench.export --batch-size 1000 --json
 
 Numbers depend on the machine and on what else runs on it; treat them as indicative.
 """
@@ -36,7 +36,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,15 +44,14 @@ from typing import Any
 import sqlalchemy as sa
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy.engine import make_url
 
+from bench.harness import add_postgres_url, postgres_database
 from lightning_store.models import EnqueueRolloutRequest
 from lightning_store.sql import open_store, schema
 
 SPANS_PER_ROLLOUT = 100
 CALLS_PER_ROLLOUT = 10
 PROMPT_TOKENS, RESPONSE_TOKENS = 200, 50
-DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 console = Console(stderr=True)
 
 
@@ -211,16 +209,6 @@ def export(url: str, out: Path, fmt: str, *, what: list[str], batch_size: int | 
     return Run(spans, fmt, ",".join(what) or "all", rows, seconds, int(peak.read_text()) / 1024, size)
 
 
-async def postgres_admin(admin_url: str, statement: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(make_url(admin_url).set(drivername="postgresql").render_as_string(False))
-    try:
-        await conn.execute(statement)
-    finally:
-        await conn.close()
-
-
 @contextlib.contextmanager
 def database(backend: str, tmp: Path, spans: int, admin_url: str) -> Iterator[str]:
     """A new, empty database for one size: a SQLite file, or a Postgres database dropped afterwards."""
@@ -229,23 +217,15 @@ def database(backend: str, tmp: Path, spans: int, admin_url: str) -> Iterator[st
         yield f"sqlite:///{path}"
         path.unlink(missing_ok=True)
         return
-    name = f"bench_export_{uuid.uuid4().hex[:8]}"
-    asyncio.run(postgres_admin(admin_url, f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(admin_url).set(database=name).render_as_string(False)
-    finally:
-        asyncio.run(postgres_admin(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with postgres_database(admin_url, "bench_export", driver="postgresql") as url:
+        yield url
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000], help="spans in the store")
     parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
-    parser.add_argument(
-        "--postgres-url",
-        default=os.environ.get("LIGHTNING_STORE_BENCH_POSTGRES_URL", DEFAULT_POSTGRES_URL),
-        help="the server to create the benchmark's databases on (--backend postgres)",
-    )
+    add_postgres_url(parser)
     parser.add_argument("--batch-size", type=int, help="store export's --batch-size (default: its own)")
     parser.add_argument("--formats", nargs="+", default=["parquet", "jsonl"])
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")

@@ -5,7 +5,7 @@ as ``POST /v1/agl/spans/batch`` receives it, is decoded ``--repeats`` times each
 only when the body holds a ``\\u`` escape, so the run also times a body with one non-ASCII character escaped.
 Prints milliseconds per body and per span, and the ratio to ``json.loads``.
 
-    python bench/input_limits.py                 # 100 spans per body, 200 repeats
+    python -m bench.input_limits                 # 100 spans per body, 200 repeats
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ import aiohttp
 import psutil
 
 from algorithms.local_stack import embedded_store, free_port, subprocess_in
+from bench.harness import wait_listening
 from lightning_store import aio
 from lightning_store.client import HttpStore
 from lightning_store.models import EnqueueRolloutRequest
@@ -75,18 +75,6 @@ async def bound_urls(store_url: str, upstream: str, concurrency: int) -> list[st
         await store.close()
     prefix = f"{store_url}/rollout/{{}}/attempt/{{}}/v1/chat/completions"
     return [prefix.format(c.rollout_id, c.attempt.attempt_id) for c in claimed]
-
-
-def wait_listening(port: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, dict[str, float]]:

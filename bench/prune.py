@@ -11,9 +11,9 @@ records until it exits. It prints p50, p99 and the maximum of both phases, their
 
 Run from the repository root::
 
-    python bench/prune.py                                  # SQLite, then Postgres where one answers
-    python bench/prune.py --backends sqlite --spans 200000 --what spans
-    python bench/prune.py --json > prune.json
+    python -m bench.prune                                  # SQLite, then Postgres where one answers
+    python -m bench.prune --backends sqlite --spans 200000 --what spans
+    python -m bench.prune --json > prune.json
 
 SQLite runs on a file in a temporary directory; Postgres in a database created for the run (and dropped) on the
 server at ``$LIGHTNING_STORE_BENCH_POSTGRES_URL`` (default: the local trust-auth server). Numbers depend on the
@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import sqlite3
 import statistics
 import subprocess
@@ -38,16 +37,16 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import httpx
 from sqlalchemy.engine import make_url
 
+from bench.harness import DEFAULT_POSTGRES_URL, async_postgres_database, postgres_reachable, server_process
 from lightning_store.migrate import upgrade
 from lightning_store.spans import SpanContext, TraceStatus
 from lightning_store.sql.engine import make_engine
 
-DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 DAY = 86400.0
 STORE = [sys.executable, "-c", "from lightning_store.cli import app; app(prog_name='store')"]
 SPAN_COLUMNS = [
@@ -221,41 +220,6 @@ class Phase:
         }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_server(url: str, port: int, cwd: Path) -> tuple[subprocess.Popen[bytes], IO[str]]:
-    """``store serve`` on ``url`` as a subprocess logging to ``cwd/serve.log``; the process and the log file."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_STORE_")}
-    argv = [*STORE, "serve", "--database-url", url, "--port", str(port), "--log-level", "warning"]
-    log = (cwd / "serve.log").open("w")
-    return subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT), log
-
-
-@contextlib.asynccontextmanager
-async def serving(url: str, cwd: Path) -> AsyncIterator[str]:
-    port = free_port()
-    process, log = start_server(url, port, cwd)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        async with httpx.AsyncClient() as http:
-            for _ in range(600):
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await http.get(f"{base}/v1/agl/health")).status_code == 200:
-                        break
-                if process.poll() is not None:
-                    raise RuntimeError(f"store serve exited: {(cwd / 'serve.log').read_text()}")
-                await asyncio.sleep(0.1)
-        yield base
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        log.close()
-
-
 async def drive(base: str, clients: int, interval: float, phase: dict[str, Phase], stop: asyncio.Event) -> None:
     """``clients`` clients, each sending a request every ``interval`` seconds into ``phase["now"]``."""
     async with httpx.AsyncClient(base_url=f"{base}/v1/agl", timeout=60) as http:
@@ -306,7 +270,7 @@ async def bench(url: str, args: argparse.Namespace, cwd: Path) -> dict[str, Any]
     phases = {"warmup": Phase(), "before": Phase(), "during": Phase()}
     now = {"now": phases["warmup"]}
     stop = asyncio.Event()
-    async with serving(url, cwd) as base:
+    with server_process("store", cwd, url) as (base, _):
         load = asyncio.create_task(drive(base, args.clients, args.interval, now, stop))
         await asyncio.sleep(3)
         now["now"] = phases["before"]
@@ -351,22 +315,12 @@ async def database(backend: str, tmp: Path) -> AsyncIterator[str | None]:
     if backend == "sqlite":
         yield f"sqlite+aiosqlite:///{tmp / 'store.db'}"
         return
-    import asyncpg
-
-    admin = make_url(os.environ.get("LIGHTNING_STORE_BENCH_POSTGRES_URL", DEFAULT_POSTGRES_URL))
-    name = f"ls_prune_bench_{uuid.uuid4().hex[:8]}"
-    admin_dsn = admin.set(drivername="postgresql").render_as_string(hide_password=False)
-    try:
-        conn = await asyncpg.connect(admin_dsn, timeout=5)
-    except (OSError, asyncpg.PostgresError):
+    admin = os.environ.get("LIGHTNING_STORE_BENCH_POSTGRES_URL", DEFAULT_POSTGRES_URL)
+    if not await postgres_reachable(admin):
         yield None
         return
-    await conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield admin.set(drivername="postgresql", database=name).render_as_string(hide_password=False)
-    finally:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await conn.close()
+    async with async_postgres_database(admin, "ls_prune_bench", driver="postgresql") as url:
+        yield url
 
 
 async def main() -> None:

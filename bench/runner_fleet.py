@@ -40,7 +40,6 @@ import asyncio
 import contextlib
 import json
 import multiprocessing
-import os
 import random
 import tempfile
 import time
@@ -53,9 +52,7 @@ import httpx
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from bench.runner_throughput import echo_upstream
-from bench.server_cpu import group_cpu, postgres_cpu
-from bench.server_ops import database, log, server_process
+from bench.harness import add_postgres_url, database, echo_upstream, group_cpu, log, postgres_cpu, server_process
 from lightning_store.client import HttpStore
 from lightning_store.resources import LLM
 
@@ -381,10 +378,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--think", type=float, default=2.0, help="mean think time before each call (s)")
     parser.add_argument("--server-workers", type=int, default=1, help="store serve --workers")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds the rollouts may take in all")
-    parser.add_argument(
-        "--postgres-url",
-        default=os.environ.get("LIGHTNING_STORE_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
-    )
+    add_postgres_url(parser)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ls-bench-fleet-") as tmp:
         result = run(args, Path(tmp))

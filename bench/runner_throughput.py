@@ -33,82 +33,38 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from algorithms.local_stack import store_command
-from bench.server_ops import (
+from bench.harness import (
     AGL_ENV,
     DEFAULT_AGL_PYTHON,
+    add_postgres_url,
     database,
+    echo_upstream,
     find_agl_python,
-    free_port,
     log,
     postgres_answers,
+    runner,
     server,
-    stop,
+    without_store_settings,
 )
 from lightning_store import LLM
 from lightning_store.client import HttpStore
 
-REPO = Path(__file__).resolve().parents[1]
-QUIET = ("--no-progress", "--grace", "5")
 AGL_HARNESS = Path(__file__).with_name("agl_runner_harness.py")
 SYSTEMS = ("ours", "agl")
 SAMPLE = 5
-
-
-@contextlib.contextmanager
-def echo_upstream(directory: Path) -> Iterator[str]:
-    port = free_port()
-    with (directory / "echo.log").open("wb") as sink:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "bench.echo_upstream", str(port)], cwd=REPO, stdout=sink, stderr=subprocess.STDOUT
-        )
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        process.terminate()
-        process.wait()
-
-
-@contextlib.contextmanager
-def runner(url: str, agent: str, workers: int, directory: Path) -> Iterator[subprocess.Popen[bytes]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_STORE_")}
-    with (directory / f"runner-{workers}.log").open("wb") as sink:
-        process = subprocess.Popen(
-            [
-                *store_command(),
-                "run",
-                f"bench.runner_agents:{agent}",
-                "--store",
-                url,
-                "--workers",
-                str(workers),
-                *QUIET,
-            ],
-            cwd=REPO,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        yield process  # the leader of the runner's process group (its workers are in it)
-    finally:
-        stop(process)
 
 
 async def ready(store: HttpStore, upstream: str, workers: int) -> None:
@@ -153,7 +109,7 @@ def run_ours(args: argparse.Namespace, upstream: str, directory: Path) -> list[d
                 with (
                     database(backend, args.postgres_url, directory) as url,
                     server(backend, directory, url) as base,
-                    runner(base, agent, workers, directory),
+                    runner(base, f"bench.runner_agents:{agent}", workers, directory),
                 ):
                     rate, spans = asyncio.run(measure(base, upstream, workers, args.rollouts))
                 log(f"[{backend}] {agent} x{workers}: {rate:.1f} rollouts/s")
@@ -175,7 +131,7 @@ def run_agl(args: argparse.Namespace, agl_python: str, upstream: str, directory:
     argv = [agl_python, str(AGL_HARNESS), "--rollouts", str(args.rollouts), "--workers", args.workers]
     argv += ["--agents", args.agents, "--upstream", upstream, "--llm", args.agl_llm, "--json"]
     argv += ["--poll-interval", str(args.agl_poll_interval), "--tracer", args.agl_tracer]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_STORE_")} | AGL_ENV
+    env = without_store_settings() | AGL_ENV
     done = subprocess.run(argv, cwd=directory, env=env, stdout=subprocess.PIPE, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the Agent Lightning harness failed ({done.returncode}); see its output above")
@@ -254,10 +210,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--backends", default="sqlite,postgres", help="our backends")
     parser.add_argument("--agents", default="noop,six_calls")
     parser.add_argument("--systems", default="ours,agl", help="ours, agl (Agent Lightning 0.3's runner) or both")
-    parser.add_argument(
-        "--postgres-url",
-        default=os.environ.get("LIGHTNING_STORE_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
-    )
+    add_postgres_url(parser)
     parser.add_argument("--agl-python", default=None, help=f"interpreter with agentlightning [{DEFAULT_AGL_PYTHON}]")
     parser.add_argument("--agl-llm", choices=("proxy", "direct"), default="proxy", help="agl six_calls: via LLMProxy")
     parser.add_argument("--agl-poll-interval", type=float, default=0.1, help="agl runners' empty-queue poll [s]")

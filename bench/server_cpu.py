@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,48 +34,22 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench.harness import (
+    add_postgres_url,
+    database,
+    echo_upstream,
+    group_cpu,
+    log,
+    postgres_answers,
+    postgres_cpu,
+    runner,
+    server_process,
+)
 from bench.runner_agents import CALLS
-from bench.runner_throughput import echo_upstream, ready, runner
-from bench.server_ops import database, log, postgres_answers, server_process
+from bench.runner_throughput import ready
 from lightning_store.client import HttpStore
 
-TICKS = os.sysconf("SC_CLK_TCK")
 WARMUP = 20
-
-
-def _stat(pid: str) -> list[str] | None:
-    """The fields of ``/proc/<pid>/stat`` after the command name (which may hold spaces), or None if gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text[text.rindex(")") + 2 :].split()
-
-
-def group_cpu(pgid: int) -> float:
-    """CPU-seconds (user + system) used so far by the live processes of process group ``pgid``, and by the
-    children they have reaped."""
-    total = 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        fields = _stat(pid)
-        # fields[2] is the process group; [11], [12] utime and stime; [13], [14] those of reaped children.
-        if fields is not None and int(fields[2]) == pgid:
-            total += sum(int(f) for f in fields[11:15])
-    return total / TICKS
-
-
-def postgres_cpu() -> float:
-    """CPU-seconds used so far by every live process named ``postgres`` (the server and its backends)."""
-    total = 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            name = Path(f"/proc/{pid}/comm").read_text().strip()
-        except OSError:
-            continue
-        fields = _stat(pid) if name == "postgres" else None
-        if fields is not None:
-            total += sum(int(f) for f in fields[11:13])
-    return total / TICKS
 
 
 async def _batch(store: HttpStore, rollouts: int) -> None:
@@ -123,7 +96,7 @@ def run(args: argparse.Namespace, directory: Path) -> list[dict[str, Any]]:
                 with (
                     database(backend, args.postgres_url, directory) as url,
                     server_process(backend, directory, url, extra=extra) as (base, process),
-                    runner(base, agent, args.workers, directory) as runs,
+                    runner(base, f"bench.runner_agents:{agent}", args.workers, directory) as runs,
                 ):
                     found = asyncio.run(measure(base, process.pid, runs.pid, upstream, args.workers, args.rollouts))
                 if backend != "postgres":
@@ -151,10 +124,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=4, help="runner worker processes")
     parser.add_argument("--server-workers", type=int, default=1, help="store serve --workers (Postgres only)")
     parser.add_argument("--backends", default="sqlite,postgres")
-    parser.add_argument(
-        "--postgres-url",
-        default=os.environ.get("LIGHTNING_STORE_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
-    )
+    add_postgres_url(parser)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ls-bench-cpu-") as tmp:

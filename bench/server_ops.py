@@ -23,9 +23,9 @@ throughput relative to Agent Lightning's client against ``agl store`` for the sa
 
 Run from the repository root::
 
-    python bench/server_ops.py --ops 50                     # small
-    python bench/server_ops.py --ops 400 --backends sqlite,agl
-    python bench/server_ops.py --json > server_ops.json
+    python -m bench.server_ops --ops 50                     # small
+    python -m bench.server_ops --ops 400 --backends sqlite,agl
+    python -m bench.server_ops --json > server_ops.json
 
 Numbers depend on the machine (client, server and database share its CPUs); treat them as indicative.
 """
@@ -33,42 +33,40 @@ Numbers depend on the machine (client, server and database share its CPUs); trea
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import json
 import math
 import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy.engine import make_url
 
-from algorithms.local_stack import log_tail, store_command, wait_healthy
+from bench.harness import (
+    AGL_ENV,
+    DEFAULT_AGL_PYTHON,
+    add_postgres_url,
+    database,
+    find_agl_python,
+    log,
+    log_tail,
+    nearest_rank,
+    postgres_answers,
+    server,
+    stop,
+)
 
 BATCH = 100
 OPERATIONS = ("enqueue", "dequeue", "add_spans", "query_spans", "query_rollouts")
 UNITS = {"enqueue": "rollouts", "dequeue": "rollouts", "add_spans": "spans"}
 BACKENDS = ("sqlite", "postgres", "agl")
-DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
-DEFAULT_AGL_PYTHON = "/tmp/aglvenv/bin/python"
 WORKER = Path(__file__).with_name("server_ops_worker.py")
-STARTUP_SECONDS = 120.0
-AGL_ENV = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 # Results -------------------------------------------------------------------------------------------------------
@@ -103,10 +101,7 @@ class Measurement:
 
     def percentile(self, q: float) -> float:
         """Nearest-rank percentile of the per-call latencies, in seconds."""
-        ordered = sorted(self.latencies)
-        if not ordered:
-            return math.nan
-        return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+        return nearest_rank(self.latencies, q)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -126,77 +121,7 @@ class Measurement:
         }
 
 
-# Processes -----------------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def stop(process: subprocess.Popen[Any]) -> None:
-    """SIGTERM to the process group it leads (a server may have children), SIGKILL if it lingers."""
-    if process.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=20)
-
-
-def server_argv(backend: str, port: int, database_url: str | None, agl_python: str | None) -> list[str]:
-    if backend == "agl":
-        assert agl_python is not None
-        launcher = "import sys; from agentlightning.cli import main; sys.argv[0] = 'agl'; sys.exit(main())"
-        return [agl_python, "-c", launcher, "store", "--host", "127.0.0.1", "--port", str(port)]
-    assert database_url is not None
-    serve = ["serve", "--port", str(port), "--database-url", database_url, "--migrate", "--log-level", "warning"]
-    return [*store_command(), *serve]
-
-
-@contextlib.contextmanager
-def server(
-    backend: str, directory: Path, database_url: str | None = None, agl_python: str | None = None
-) -> Iterator[str]:
-    """A running server of ``backend`` on a free port; yields its root URL and stops it afterwards."""
-    with server_process(backend, directory, database_url, agl_python) as (url, _):
-        yield url
-
-
-@contextlib.contextmanager
-def server_process(
-    backend: str,
-    directory: Path,
-    database_url: str | None = None,
-    agl_python: str | None = None,
-    extra: Sequence[str] = (),
-) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """As :func:`server`, yielding the process too (it leads its own process group); ``extra`` arguments are
-    added to ``store serve``'s."""
-    port = free_port()
-    log_file = directory / f"{backend}-{port}.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_STORE_")} | AGL_ENV
-    with log_file.open("wb") as sink:
-        process = subprocess.Popen(
-            [*server_argv(backend, port, database_url, agl_python), *extra],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=directory,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, process, log_file, timeout=STARTUP_SECONDS)
-        yield url, process
-    finally:
-        stop(process)
+# Clients ---------------------------------------------------------------------------------------------------------
 
 
 class WorkerProcess:
@@ -248,56 +173,7 @@ class WorkerProcess:
             stop(self.process)
 
 
-# Databases -----------------------------------------------------------------------------------------------------
-
-
-async def postgres_admin(admin_url: str, sql: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(admin_url, timeout=5)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
-def postgres_answers(admin_url: str) -> bool:
-    try:
-        asyncio.run(postgres_admin(admin_url, "SELECT 1"))
-    except Exception as exc:
-        log(f"[postgres] skipped: no server answers at {make_url(admin_url)!r} ({exc})")
-        return False
-    return True
-
-
-@contextlib.contextmanager
-def database(backend: str, admin_url: str, directory: Path) -> Iterator[str | None]:
-    """The database URL for one server run: a new SQLite file, a new Postgres database (dropped after), or none."""
-    if backend == "agl":
-        yield None
-        return
-    if backend == "sqlite":
-        yield f"sqlite+aiosqlite:///{directory / f'bench-{uuid.uuid4().hex[:8]}.db'}"
-        return
-    name = f"ls_bench_http_{uuid.uuid4().hex[:10]}"
-    asyncio.run(postgres_admin(admin_url, f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(admin_url).set(drivername="postgresql+asyncpg", database=name).render_as_string(False)
-    finally:
-        asyncio.run(postgres_admin(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-
-
 # The run -------------------------------------------------------------------------------------------------------
-
-
-def find_agl_python(configured: str | None) -> str | None:
-    """An interpreter that has agentlightning (its package metadata; importing it takes seconds)."""
-    candidate = configured or os.environ.get("LIGHTNING_STORE_AGL_PYTHON") or DEFAULT_AGL_PYTHON
-    if not Path(candidate).exists() and shutil.which(candidate) is None:
-        return None
-    code = "import importlib.util as u, sys; sys.exit(0 if u.find_spec('agentlightning') else 1)"
-    done = subprocess.run([candidate, "-c", code], capture_output=True, timeout=60, check=False)
-    return candidate if done.returncode == 0 else None
 
 
 def operation_count(operation: str, args: argparse.Namespace) -> int:
@@ -474,11 +350,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--backends", type=backend_list, default=list(BACKENDS), help="default: sqlite,postgres,agl")
     parser.add_argument("--clients", type=client_counts, default=[1, 8], help="concurrent clients [default: 1,8]")
-    parser.add_argument(
-        "--postgres-url",
-        default=os.environ.get("LIGHTNING_STORE_BENCH_POSTGRES_URL", DEFAULT_POSTGRES_URL),
-        help="admin connection of the server to create the benchmark database on",
-    )
+    add_postgres_url(parser)
     parser.add_argument("--agl-python", default=None, help=f"interpreter with agentlightning [{DEFAULT_AGL_PYTHON}]")
     parser.add_argument("--json", action="store_true", help="print a JSON document instead of the table")
     args = parser.parse_args(argv)

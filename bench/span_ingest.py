@@ -45,8 +45,16 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Status
 from rich.console import Console
 from rich.table import Table
 
-from bench.server_cpu import group_cpu, postgres_cpu
-from bench.server_ops import database, free_port, log, postgres_answers, server_process
+from bench.harness import (
+    add_postgres_url,
+    database,
+    free_port,
+    group_cpu,
+    log,
+    postgres_answers,
+    postgres_cpu,
+    server_process,
+)
 from bench.server_ops_worker import span_json
 from lightning_store.client import HttpStore
 
@@ -216,10 +224,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--server-workers", type=_int_list, default=[1, 2], help="store serve --workers (Postgres)")
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--paths", type=_paths, default=list(PATHS), help=f"of {', '.join(PATHS)}")
-    parser.add_argument(
-        "--postgres-url",
-        default=os.environ.get("LIGHTNING_STORE_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
-    )
+    add_postgres_url(parser)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ls-bench-ingest-") as tmp:

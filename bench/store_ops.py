@@ -14,9 +14,9 @@ and the process's peak RSS. Postgres's batched ingest is also compared with the 
 
 Run from the repository root::
 
-    python bench/store_ops.py                                   # both backends, default sizes
-    python bench/store_ops.py --backends sqlite --rollouts 200 --spans 2000
-    python bench/store_ops.py --concurrency 8 --json > bench.json
+    python -m bench.store_ops                                   # both backends, default sizes
+    python -m bench.store_ops --backends sqlite --rollouts 200 --spans 2000
+    python -m bench.store_ops --concurrency 8 --json > bench.json
 
 SQLite runs on a file in a temporary directory. Postgres runs in a database created for the run (and dropped
 afterwards) on the server at ``$LIGHTNING_STORE_BENCH_POSTGRES_URL`` (default: the local trust-auth server,
@@ -39,24 +39,21 @@ import resource
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy.engine import make_url
 
+from bench.harness import add_postgres_url, async_postgres_database, nearest_rank, postgres_reachable
+from bench.server_ops_worker import span_json
 from lightning_store.models import AttemptedRollout, EnqueueRolloutRequest
-from lightning_store.spans import Span, SpanContext, TraceStatus
+from lightning_store.spans import Span
 from lightning_store.sql import SqlStore, open_store
 
 BATCH = 100
 TARGET_SPANS_PER_SECOND = 20_000
-DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
-PROMPT = "You are a careful assistant. Solve the task step by step; call the calculator when needed."
-COMPLETION = "The calculator returned 4, so the answer is 4."
 
 
 @dataclass
@@ -76,10 +73,7 @@ class OpResult:
 
     def percentile(self, q: float) -> float:
         """Nearest-rank percentile of the per-call latencies, in seconds."""
-        ordered = sorted(self.latencies)
-        if not ordered:
-            return math.nan
-        return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+        return nearest_rank(self.latencies, q)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -156,39 +150,9 @@ def log(message: str) -> None:
 
 
 def make_span(rollout_id: str, attempt_id: str, sequence_id: int) -> Span:
-    """An LLM-call span as an instrumented agent would send it: about 1 KB of JSON with a dozen attributes."""
-    trace_id = uuid.uuid5(uuid.NAMESPACE_OID, attempt_id).hex
-    span_id = f"{sequence_id:016x}"
-    parent_id = f"{max(sequence_id - 1, 1):016x}"
-    start = 1_700_000_000.0 + sequence_id
-    return Span(
-        rollout_id=rollout_id,
-        attempt_id=attempt_id,
-        sequence_id=sequence_id,
-        trace_id=trace_id,
-        span_id=span_id,
-        parent_id=parent_id,
-        name="openai.chat.completion",
-        status=TraceStatus(status_code="OK"),
-        attributes={
-            "gen_ai.system": "openai",
-            "gen_ai.operation.name": "chat",
-            "gen_ai.request.model": "qwen2.5-7b-instruct",
-            "gen_ai.request.temperature": 0.7,
-            "gen_ai.request.max_tokens": 1024,
-            "gen_ai.usage.prompt_tokens": 412 + sequence_id % 50,
-            "gen_ai.usage.completion_tokens": 96 + sequence_id % 30,
-            "gen_ai.response.finish_reasons": ["stop"],
-            "gen_ai.prompt.0.role": "user",
-            "gen_ai.prompt.0.content": PROMPT,
-            "gen_ai.completion.0.content": COMPLETION,
-            "agent.name": "calc-agent",
-        },
-        start_time=start,
-        end_time=start + 0.35,
-        context=SpanContext(trace_id=trace_id, span_id=span_id),
-        parent=SpanContext(trace_id=trace_id, span_id=parent_id),
-    )
+    """An LLM-call span as an instrumented agent would send it (about 1 KB of JSON with a dozen attributes): the
+    one ``bench/server_ops.py``'s clients send."""
+    return Span.model_validate(span_json(rollout_id, attempt_id, sequence_id))
 
 
 def span_batch(target: AttemptedRollout, first_sequence_id: int) -> list[Span]:
@@ -350,44 +314,14 @@ async def sqlite_database() -> AsyncIterator[str]:
         yield f"sqlite+aiosqlite:///{directory}/bench.db"
 
 
-async def postgres_admin(admin_url: str, sql: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(admin_url, timeout=5)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
-@contextlib.asynccontextmanager
-async def postgres_database(admin_url: str) -> AsyncIterator[str]:
-    """A database created for this run on the admin URL's server, dropped afterwards."""
-    name = f"ls_bench_{uuid.uuid4().hex[:10]}"
-    await postgres_admin(admin_url, f'CREATE DATABASE "{name}"')
-    try:
-        yield make_url(admin_url).set(drivername="postgresql+asyncpg", database=name).render_as_string(False)
-    finally:
-        await postgres_admin(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-async def postgres_answers(admin_url: str) -> bool:
-    try:
-        await postgres_admin(admin_url, "SELECT 1")
-    except Exception as exc:
-        log(f"[postgres] skipped: no server answers at {make_url(admin_url)!r} ({exc})")
-        return False
-    return True
-
-
 async def run_all(args: argparse.Namespace) -> list[BackendReport]:
     reports = []
     for backend in args.backends:
         if backend == "sqlite":
             async with sqlite_database() as url:
                 reports.append(await run_backend(backend, url, args))
-        elif await postgres_answers(args.postgres_url):
-            async with postgres_database(args.postgres_url) as url:
+        elif await postgres_reachable(args.postgres_url):
+            async with async_postgres_database(args.postgres_url) as url:
                 reports.append(await run_backend(backend, url, args))
     return reports
 
@@ -493,11 +427,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--ingest-writers", type=positive, default=4, help="tasks ingesting at once in the concurrent ingest run"
     )
-    parser.add_argument(
-        "--postgres-url",
-        default=os.environ.get("LIGHTNING_STORE_BENCH_POSTGRES_URL", DEFAULT_POSTGRES_URL),
-        help="admin connection of the server to create the benchmark database on",
-    )
+    add_postgres_url(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON document instead of tables")
     return parser.parse_args(argv)
 

@@ -25,6 +25,11 @@ from tests.postgres import TemplateDatabases, server_answers
 
 # Small torch/BLAS workloads slow down badly when another process holds the CPU; keep tests polite.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# pytest-xdist's workers start with COLUMNS=80 and LINES=24 set (execnet's doing): a rich console built at import
+# would keep that width for good, where the tests' CliRunner(env={"COLUMNS": ...}) expects it read per command.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
 
 BACKENDS = ["sqlite", "postgres", "http-sqlite", "http-postgres"]
 
@@ -150,14 +155,44 @@ async def store(store_factory: StoreFactory) -> LightningStore:
     return await store_factory()
 
 
+PAGES = "tests/pages/"
+"""Docs pages run as written (tests/pages/__init__.py): they listen on the documented ports, one at a time."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``long`` tests (several learning runs each) run only when LIGHTNING_STORE_TEST_LONG=1."""
+    """The docs pages first (the longest unit of work, see :func:`pytest_xdist_make_scheduler`); ``long`` tests
+    (several learning runs each) run only when LIGHTNING_STORE_TEST_LONG=1."""
+    items.sort(key=lambda item: not item.nodeid.startswith(PAGES))  # stable: the rest keeps its order
     if os.environ.get("LIGHTNING_STORE_TEST_LONG") == "1":
         return
     skip = pytest.mark.skip(reason="a long learning test: set LIGHTNING_STORE_TEST_LONG=1 to run it")
     for item in items:
         if "long" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one worker more than there are cores (most tests wait on subprocesses, servers and sockets
+    more than they compute), at most 8 (each worker with its servers and models takes about 1.5 GiB)."""
+    return max(2, min(8, (os.cpu_count() or 1) + 1))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With ``--dist loadscope`` (pyproject.toml's default), pytest-xdist sends each worker whole modules, not
+    single tests, so that a module's fixtures are built once; and the whole of ``tests/pages`` to one worker, first
+    (the modules go out in collection order, see :func:`pytest_collection_modifyitems`): its pages take minutes
+    each and must not run at the same time. (``xdist_group`` would say the same with a marker, but pytest-xdist
+    3.8 cannot apply it under pytest 9, whose node ids it no longer rewrites.)"""
+    if config.getvalue("dist") != "loadscope":  # another --dist asked for on the command line: xdist's own
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class ModulesAndPages(LoadScopeScheduling):  # type: ignore[misc]  # xdist is untyped
+        def _split_scope(self, nodeid: str) -> str:
+            return PAGES if nodeid.startswith(PAGES) else nodeid.split("::", 1)[0]
+
+    config.option.loadscopereorder = False  # keep collection order: the longest work first
+    return ModulesAndPages(config, log)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -44,440 +44,31 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI
-from pydantic import TypeAdapter
 
-from lightning_store.llm_calls import LlmCall
-from lightning_store.models import Attempt, AttemptedRollout, Claim, Rollout, Worker
-from lightning_store.resources import NamedResources, ResourcesUpdate
-from lightning_store.spans import Span
+from lightning_store.server.openapi_answers import (
+    BAD_REQUEST,
+    CONFLICT,
+    ERROR_DESCRIPTIONS,
+    FASTAPI_422,
+    HEALTH,
+    NO_DATABASE,
+    NOT_FOUND,
+    OPEN_OPERATIONS,
+    PROXY_BOUND,
+    PROXY_PATHS,
+    PROXY_WORKER,
+    Success,
+    successes,
+)
+from lightning_store.server.openapi_schemas import REF, Schema, model_schemas, ref
 
 __all__ = ["CONFLICT", "NOT_FOUND", "build_document", "install_openapi"]
 
-Schema = dict[str, Any]
 Document = dict[str, Any]
 
-REF = "#/components/schemas/{model}"
 JSON = "application/json"
 PROTOBUF = "application/x-protobuf"
 SECURITY_SCHEME = "bearerAuth"
-OPEN_OPERATIONS = frozenset({("get", "/v1/agl/health")})
-"""Operations the guards serve without a token (``guards.OPEN_PATHS``)."""
-NO_DATABASE = frozenset({("get", "/metrics")})
-"""Operations that never touch the database, so never answer 503."""
-HEALTH = ("get", "/v1/agl/health")
-"""Answers 503 too when the database does not answer, with its ``status`` and ``database`` keys."""
-
-PROXY_BOUND = "/rollout/{rollout_id}/attempt/{attempt_id}/v1/{kind}"
-PROXY_WORKER = "/worker/{worker_id}/v1/{kind}"
-PROXY_PATHS = frozenset({PROXY_BOUND, PROXY_WORKER, "/v1/chat/completions", "/v1/completions"})
-
-NOT_FOUND: dict[tuple[str, str], str] = {
-    ("post", "/v1/agl/rollouts/{rollout_id}"): "No rollout has this id.",
-    ("post", "/v1/agl/rollouts/{rollout_id}/attempts"): "No rollout has this id.",
-    ("post", "/v1/agl/rollouts/{rollout_id}/attempts/{attempt_id}"): "No such rollout, or no such attempt of it.",
-    ("post", "/v1/agl/attempts/end"): "An entry names an unknown rollout or attempt (nothing was written).",
-    ("get", "/v1/agl/rollouts/{rollout_id}/attempts/{attempt_id}/resources"): "No such rollout or attempt.",
-    ("post", "/v1/agl/spans"): "The span's rollout or attempt does not exist.",
-    ("post", "/v1/agl/spans/batch"): "A span's rollout or attempt does not exist (nothing was written).",
-    ("post", "/v1/agl/spans/next"): "No such rollout or attempt.",
-    ("post", "/v1/agl/spans/next/batch"): "A pair names an unknown rollout or attempt (nothing was allocated).",
-    ("post", "/v1/agl/llm_calls/batch"): "A call's rollout or attempt does not exist (nothing was written).",
-    ("post", "/v1/traces"): "A span names an unknown rollout or attempt (nothing was written).",
-    ("post", PROXY_BOUND): "No such rollout or attempt, or no proxy route for this kind.",
-    ("post", PROXY_WORKER): "No such worker, or no proxy route for this kind.",
-    ("post", "/v1/chat/completions"): "The x-rollout-id/x-attempt-id headers name no known attempt.",
-    ("post", "/v1/completions"): "The x-rollout-id/x-attempt-id headers name no known attempt.",
-}
-"""The operations that answer 404, and when: those that look up an id that must exist. Getters answer ``null``
-for an unknown id instead, searches an empty page, and upserts (resources, workers) create what is missing."""
-
-CONFLICT: dict[tuple[str, str], str] = {
-    ("post", "/v1/agl/rollouts/{rollout_id}/attempts/{attempt_id}"): (
-        "With if_current: the attempt is no longer its rollout's latest, or has already ended. Nothing was written."
-    ),
-    ("post", PROXY_WORKER): "The worker is running no attempt (error_type NoAttempt; not to be retried).",
-    ("post", "/v1/agl/spans/next"): "The rollout has no sequence ids left (a span took 2^53 - 1).",
-    ("post", "/v1/agl/spans/next/batch"): "A rollout has no sequence ids left (nothing was allocated).",
-}
-"""The operations that answer 409: conditional updates whose condition no longer holds, and a call on the proxy
-route of a worker that runs no attempt."""
-
-_PAGE_400 = "A page that cannot be served: `sort_by` names no sortable field, `limit` is 0 or below -1, `offset` < 0."
-_NULL_400 = "An explicit null for a field that needs a value (leave the key out to keep the field)."
-BAD_REQUEST: dict[tuple[str, str], str] = {
-    **{
-        (method, path): _PAGE_400
-        for method, path in (
-            ("get", "/v1/agl/rollouts"),
-            ("post", "/v1/agl/rollouts/search"),
-            ("get", "/v1/agl/rollouts/{rollout_id}/attempts"),
-            ("post", "/v1/agl/rollouts/{rollout_id}/attempts/search"),
-            ("get", "/v1/agl/spans"),
-            ("post", "/v1/agl/spans/search"),
-            ("post", "/v1/agl/spans/query"),
-            ("get", "/v1/agl/resources"),
-            ("get", "/v1/agl/workers"),
-            ("post", "/v1/agl/workers/search"),
-        )
-    },
-    ("post", "/v1/agl/rollouts/{rollout_id}"): _NULL_400,
-    ("post", "/v1/agl/rollouts/{rollout_id}/attempts/{attempt_id}"): _NULL_400,
-    ("post", "/v1/agl/workers/{worker_id}"): _NULL_400,
-}
-"""The operations that answer 400, where Agent Lightning's server does (``BadRequestError``)."""
-
-FASTAPI_422 = "Validation Error"
-"""FastAPI's description of the 422 it documents (with its own error schema)."""
-ERROR_DESCRIPTIONS = {
-    "401": "The server has a token and the request does not carry it (`Authorization: Bearer <token>`).",
-    "413": "The request body is over the server's limit (max_body_bytes).",
-    "415": "The request carries a body whose content type is not accepted here.",
-    "422": "Invalid input: the body, a parameter, the path or the query breaks the contract; `field` names it.",
-    "502": "The LLM upstream cannot be reached, gave an answer that is not JSON, or none is configured.",
-    "503": "The database cannot be reached: nothing was done, retry.",
-}
-
-
-@dataclass(frozen=True)
-class Success:
-    """An operation's success answer: its status, description and JSON schema."""
-
-    status: str
-    description: str
-    schema: Schema
-
-
-def _ref(name: str) -> Schema:
-    return {"$ref": REF.format(model=name)}
-
-
-def _nullable(schema: Schema) -> Schema:
-    return {"anyOf": [schema, {"type": "null"}]}
-
-
-def _array(items: Schema) -> Schema:
-    return {"type": "array", "items": items}
-
-
-def _object(properties: dict[str, Schema], *, title: str) -> Schema:
-    return {"type": "object", "title": title, "properties": properties, "required": list(properties)}
-
-
-def _page(item: str) -> Schema:
-    return _ref(f"{item}Page")
-
-
-def _successes() -> dict[tuple[str, str], Success]:
-    """Every known operation's success answer (see the route modules for what each returns)."""
-    rollout_any = _ref("RolloutWithLatestAttempt")
-    return {
-        ("get", "/v1/agl/health"): Success("200", "The server is up.", _ref("Health")),
-        ("get", "/v1/agl/statistics"): Success("200", "Counts of what the store holds.", _ref("StoreStatistics")),
-        ("post", "/v1/agl/queues/rollouts/enqueue"): Success(
-            "201", "The queued rollouts, in request order (without an `attempt` key).", _array(_ref("Rollout"))
-        ),
-        ("post", "/v1/agl/queues/rollouts/dequeue"): Success(
-            "200",
-            "The claimed rollouts with their new attempts; empty when the queue stayed empty.",
-            _array(_ref("AttemptedRollout")),
-        ),
-        ("post", "/v1/agl/queues/rollouts/claim"): Success(
-            "200",
-            "The claimed rollouts, each with the resources its attempt runs with (null: the store holds none); "
-            "empty when the queue stayed empty.",
-            _array(_ref("Claim")),
-        ),
-        ("post", "/v1/agl/rollouts"): Success(
-            "201", "The rollout, started with its first attempt.", _ref("AttemptedRollout")
-        ),
-        ("get", "/v1/agl/rollouts"): Success(
-            "200", "A page of rollouts, each with its latest attempt when it has one.", _page("Rollout")
-        ),
-        ("get", "/v1/agl/rollouts/{rollout_id}/attempts"): Success(
-            "200", "A page of the rollout's attempts (empty for an unknown rollout).", _page("Attempt")
-        ),
-        ("get", "/v1/agl/spans"): Success("200", "A page of the rollout's spans.", _page("Span")),
-        ("get", "/v1/agl/workers"): Success("200", "A page of workers.", _page("Worker")),
-        ("post", "/v1/agl/rollouts/search"): Success(
-            "200", "A page of rollouts, each with its latest attempt when it has one.", _page("Rollout")
-        ),
-        ("get", "/v1/agl/rollouts/{rollout_id}"): Success(
-            "200",
-            "The rollout (with its latest attempt when it has one), or null when no rollout has this id.",
-            _nullable(rollout_any),
-        ),
-        ("post", "/v1/agl/rollouts/{rollout_id}"): Success(
-            "200", "The updated rollout, with its latest attempt when it has one.", rollout_any
-        ),
-        ("post", "/v1/agl/rollouts/{rollout_id}/attempts"): Success(
-            "201", "The rollout with its new attempt.", _ref("AttemptedRollout")
-        ),
-        ("post", "/v1/agl/rollouts/{rollout_id}/attempts/search"): Success(
-            "200", "A page of the rollout's attempts (empty for an unknown rollout).", _page("Attempt")
-        ),
-        ("get", "/v1/agl/rollouts/{rollout_id}/attempts/latest"): Success(
-            "200",
-            "The rollout's latest attempt, or null when it has none (or no rollout has this id).",
-            _nullable(_ref("Attempt")),
-        ),
-        ("post", "/v1/agl/rollouts/{rollout_id}/attempts/{attempt_id}"): Success(
-            "200", "The updated attempt.", _ref("Attempt")
-        ),
-        ("post", "/v1/agl/attempts/end"): Success(
-            "200",
-            "Per entry, the ended attempt, or null where the attempt was no longer current.",
-            _array(_nullable(_ref("Attempt"))),
-        ),
-        ("post", "/v1/agl/waits/rollouts"): Success(
-            "200",
-            "The rollouts among those named that have finished (without an `attempt` key).",
-            _array(_ref("Rollout")),
-        ),
-        ("post", "/v1/agl/watchdog/scan"): Success(
-            "200", "How many attempts the scan marked.", _object({"marked": {"type": "integer"}}, title="ScanResult")
-        ),
-        ("post", "/v1/agl/spans"): Success(
-            "201", "The stored span, or null when a span with its ids was stored already.", _nullable(_ref("Span"))
-        ),
-        ("post", "/v1/agl/spans/batch"): Success(
-            "201",
-            "The spans stored by this request (duplicates left out); with `return_spans: false`, their positions "
-            "in the request and the sequence ids they were stored with.",
-            {
-                "anyOf": [
-                    _object({"spans": _array(_ref("Span"))}, title="AddedSpans"),
-                    _object(
-                        {"added": _array({"type": "integer"}), "sequence_ids": _array({"type": "integer"})},
-                        title="AddedSpanPositions",
-                    ),
-                ]
-            },
-        ),
-        ("post", "/v1/agl/spans/search"): Success("200", "A page of the rollout's spans.", _page("Span")),
-        ("post", "/v1/agl/spans/query"): Success("200", "A page of the spans found.", _page("Span")),
-        ("post", "/v1/agl/spans/next"): Success(
-            "200", "The next sequence id.", _object({"sequence_id": {"type": "integer"}}, title="SequenceId")
-        ),
-        ("post", "/v1/agl/spans/next/batch"): Success(
-            "200",
-            "One sequence id per pair, in order.",
-            _object({"sequence_ids": _array({"type": "integer"})}, title="SequenceIds"),
-        ),
-        ("post", "/v1/agl/llm_calls/batch"): Success(
-            "201", "How many calls the request carried.", _object({"received": {"type": "integer"}}, title="Received")
-        ),
-        ("post", "/v1/agl/llm_calls/search"): Success(
-            "200", "The LLM calls found.", _object({"items": _array(_ref("LlmCall"))}, title="LlmCalls")
-        ),
-        ("get", "/v1/agl/resources"): Success("200", "A page of resources snapshots.", _page("ResourcesUpdate")),
-        ("post", "/v1/agl/resources"): Success("201", "The new snapshot.", _ref("ResourcesUpdate")),
-        ("get", "/v1/agl/resources/latest"): Success(
-            "200", "The latest snapshot, or null when there is none.", _nullable(_ref("ResourcesUpdate"))
-        ),
-        ("post", "/v1/agl/resources/{resources_id}"): Success(
-            "200", "The snapshot under this id (created when it did not exist).", _ref("ResourcesUpdate")
-        ),
-        ("get", "/v1/agl/resources/{resources_id}"): Success(
-            "200", "The snapshot, or null when none has this id.", _nullable(_ref("ResourcesUpdate"))
-        ),
-        ("get", "/v1/agl/rollouts/{rollout_id}/attempts/{attempt_id}/resources"): Success(
-            "200",
-            "The resources the attempt runs with, or null when there are none.",
-            _nullable(_ref("ResourcesUpdate")),
-        ),
-        ("post", "/v1/agl/workers/search"): Success("200", "A page of workers.", _page("Worker")),
-        ("get", "/v1/agl/workers/{worker_id}"): Success(
-            "200", "The worker, or null when none has this id.", _nullable(_ref("Worker"))
-        ),
-        ("post", "/v1/agl/workers/{worker_id}"): Success(
-            "200", "The worker (created when it did not exist).", _ref("Worker")
-        ),
-    }
-
-
-RESPONSE_MODELS: dict[str, type[Any]] = {
-    "Rollout": Rollout,
-    "AttemptedRollout": AttemptedRollout,
-    "Attempt": Attempt,
-    "Span": Span,
-    "ResourcesUpdate": ResourcesUpdate,
-    "Worker": Worker,
-    "LlmCall": LlmCall,
-    "Claim": Claim,
-}
-"""The models of success bodies, by the component name the document gives their serialization-mode schema."""
-REQUEST_MODELS: dict[str, Any] = {"SpanInput": Span, "LlmCallInput": LlmCall, "NamedResources": NamedResources}
-"""What the bodies the store validates itself (routes that take plain JSON) must be, in validation mode."""
-
-
-def _model_schemas() -> tuple[dict[str, Schema], dict[str, Schema]]:
-    """The models' JSON schemas with everything they refer to, and the schemas of :data:`REQUEST_MODELS` (a
-    reference where pydantic names the model, such as ``Span`` when both modes agree)."""
-    keyed = [(name, "serialization", TypeAdapter(model)) for name, model in RESPONSE_MODELS.items()]
-    keyed += [(name, "validation", TypeAdapter(model)) for name, model in REQUEST_MODELS.items()]
-    mapping, definitions = TypeAdapter.json_schemas(keyed, ref_template=REF)  # type: ignore[arg-type]
-    schemas: dict[str, Schema] = definitions.get("$defs", {})
-    for name in RESPONSE_MODELS:
-        if mapping[(name, "serialization")] != _ref(name):  # pydantic named it otherwise: refer to it
-            schemas[name] = mapping[(name, "serialization")]
-    requests = {name: mapping[(name, "validation")] for name in REQUEST_MODELS}
-    # A rollout as most routes send it: an `attempt` key exactly when it has an attempt (Agent Lightning's
-    # client tells Rollout from AttemptedRollout by that key).
-    with_latest = copy.deepcopy(_resolved(schemas, schemas["AttemptedRollout"]))
-    with_latest["title"] = "RolloutWithLatestAttempt"
-    with_latest["description"] = "A rollout, with its latest attempt under `attempt` when it has one."
-    with_latest["required"] = [name for name in with_latest.get("required", []) if name != "attempt"]
-    schemas["RolloutWithLatestAttempt"] = with_latest
-    for item, name in (
-        ("Rollout", "RolloutWithLatestAttempt"),
-        ("Attempt", "Attempt"),
-        ("Span", "Span"),
-        ("ResourcesUpdate", "ResourcesUpdate"),
-        ("Worker", "Worker"),
-    ):
-        schemas[f"{item}Page"] = _object(
-            {
-                "items": _array(_ref(name)),
-                "limit": {"type": "integer", "description": "The page size asked for; -1: no limit."},
-                "offset": {"type": "integer"},
-                "total": {"type": "integer", "description": "How many items match, over all pages."},
-            },
-            title=f"{item}Page",
-        )
-    schemas["Health"] = {
-        "type": "object",
-        "title": "Health",
-        "properties": {
-            "status": {"const": "ok"},
-            "database": {"const": "ok", "description": "Present when the store has a database: it answered."},
-        },
-        "required": ["status"],
-    }
-    schemas["HealthUnavailable"] = {
-        "title": "HealthUnavailable",
-        "description": "The error body, and which part is down.",
-        "allOf": [
-            _ref("Error"),
-            {
-                "type": "object",
-                "properties": {"status": {"const": "unavailable"}, "database": {"const": "unreachable"}},
-                "required": ["status", "database"],
-            },
-        ],
-    }
-    counts = {"type": "integer", "minimum": 0}
-    schemas["StoreStatistics"] = {
-        "type": "object",
-        "title": "StoreStatistics",
-        "properties": {
-            "name": {"type": "string", "description": "The store's implementation."},
-            "total_rollouts": counts,
-            "total_attempts": counts,
-            "total_spans": counts,
-            "total_resources": counts,
-            "total_workers": counts,
-            "uptime": {"type": "number", "description": "Seconds since the store started."},
-            "rollouts_by_status": {"type": "object", "additionalProperties": counts},
-        },
-    }
-    schemas["Error"] = {
-        "type": "object",
-        "title": "Error",
-        "description": "Every error answer of the server.",
-        "properties": {
-            "detail": {"type": "string", "description": "What went wrong, for people."},
-            "field": {
-                "anyOf": [{"type": "string"}, {"type": "null"}],
-                "description": "The offending input (`ends.0.attempt_id`, `body`, `path`, …), or null.",
-            },
-            "error_type": {"type": "string", "description": "A stable name of the kind of error."},
-            "errors": {
-                "type": "array",
-                "description": "On a 422 from request validation: every problem found.",
-                "items": _ref("ValidationProblem"),
-            },
-        },
-        "required": ["detail", "error_type"],
-    }
-    schemas["ValidationProblem"] = {
-        "type": "object",
-        "title": "ValidationProblem",
-        "properties": {
-            "loc": _array({"anyOf": [{"type": "string"}, {"type": "integer"}]}),
-            "msg": {"type": "string"},
-            "type": {"type": "string"},
-        },
-        "required": ["loc", "msg", "type"],
-    }
-    schemas["OtlpExportResponse"] = {
-        "type": "object",
-        "title": "OtlpExportResponse",
-        "description": "OTLP's ExportTraceServiceResponse in its JSON mapping; empty when every span was stored.",
-        "properties": {
-            "partialSuccess": {
-                "type": "object",
-                "properties": {
-                    "rejectedSpans": {
-                        "anyOf": [{"type": "string", "pattern": "^[0-9]+$"}, {"type": "integer", "minimum": 0}],
-                        "description": "How many spans were dropped (a string: int64 in protobuf's JSON mapping).",
-                    },
-                    "errorMessage": {"type": "string"},
-                },
-            }
-        },
-    }
-    schemas["OtlpExportRequest"] = _otlp_request()
-    return schemas, requests
-
-
-def _resolved(schemas: dict[str, Schema], schema: Schema) -> Schema:
-    while set(schema) == {"$ref"}:
-        schema = schemas[schema["$ref"].rsplit("/", 1)[-1]]
-    return schema
-
-
-def _otlp_request() -> Schema:
-    """OTLP's ExportTraceServiceRequest in its JSON mapping (ids as hex), as far as the store reads it."""
-    key_values = _array(
-        {"type": "object", "properties": {"key": {"type": "string"}, "value": {"type": "object"}}, "required": ["key"]}
-    )
-    nanos = {"anyOf": [{"type": "string", "pattern": "^[0-9]+$"}, {"type": "integer", "minimum": 0}]}
-    hex_id = {"type": "string", "pattern": "^([0-9a-fA-F]{2})*$"}
-    span = {
-        "type": "object",
-        "properties": {
-            "traceId": hex_id,
-            "spanId": hex_id,
-            "parentSpanId": hex_id,
-            "name": {"type": "string"},
-            "startTimeUnixNano": nanos,
-            "endTimeUnixNano": nanos,
-            "attributes": key_values,
-            "events": _array({"type": "object"}),
-            "links": _array({"type": "object"}),
-            "status": {"type": "object", "properties": {"code": {"type": "integer"}, "message": {"type": "string"}}},
-        },
-    }
-    return {
-        "type": "object",
-        "title": "OtlpExportRequest",
-        "description": (
-            "Spans are bound to an attempt by the attributes `agentlightning.rollout_id` and "
-            "`agentlightning.attempt_id` (or `lightning_store.…`), on the span or on its resource."
-        ),
-        "properties": {
-            "resourceSpans": _array(
-                {
-                    "type": "object",
-                    "properties": {
-                        "resource": {"type": "object", "properties": {"attributes": key_values}},
-                        "scopeSpans": _array({"type": "object", "properties": {"spans": _array(span)}}),
-                        "schemaUrl": {"type": "string"},
-                    },
-                }
-            )
-        },
-    }
 
 
 @dataclass(frozen=True)
@@ -529,7 +120,7 @@ def _without_null_defaults(value: Any) -> Any:
 def _error_response(status: str, description: str | None = None, schema: str = "Error") -> Schema:
     response: Schema = {
         "description": description or ERROR_DESCRIPTIONS.get(status, "An error."),
-        "content": {JSON: {"schema": _ref(schema)}},
+        "content": {JSON: {"schema": ref(schema)}},
     }
     if status == "401":
         response["headers"] = {"WWW-Authenticate": {"schema": {"type": "string"}, "description": "`Bearer`"}}
@@ -561,14 +152,14 @@ def _describe_bodies(paths: dict[str, Any], requests: dict[str, Schema], schemas
             "description": "An OTLP/HTTP trace export, optionally gzip-compressed (`Content-Encoding: gzip`).",
             "content": {
                 PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
-                JSON: {"schema": _ref("OtlpExportRequest")},
+                JSON: {"schema": ref("OtlpExportRequest")},
             },
         }
         traces["responses"]["200"] = {
             "description": "The export's outcome, in the request's encoding (protobuf when it had no content type).",
             "content": {
                 PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
-                JSON: {"schema": _ref("OtlpExportResponse")},
+                JSON: {"schema": ref("OtlpExportResponse")},
             },
         }
     for path in PROXY_PATHS:
@@ -635,7 +226,7 @@ def build_document(generated: Document, *, bearer_token: bool) -> Document:
     schemas: dict[str, Schema] = components.setdefault("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
-    added, requests = _model_schemas()
+    added, requests = model_schemas()
     merged = _merged(schemas, added)
     schemas.update(merged.schemas)
     paths: dict[str, Any] = document.setdefault("paths", {})
@@ -649,10 +240,10 @@ def build_document(generated: Document, *, bearer_token: bool) -> Document:
                 "description": "The token the server was started with (`store serve --token`).",
             }
         }
-    successes = _successes()
+    known = successes()
     for path, operations in paths.items():
         for method, operation in operations.items():
-            success = successes.get((method, path))
+            success = known.get((method, path))
             if success is not None:
                 success = Success(success.status, success.description, merged.rewrite(success.schema))
             _correct_operation(path, method, operation, success, bearer_token=bearer_token)

@@ -192,7 +192,7 @@ def test_store_train_sends_its_store_servers_token(tmp_path: Path) -> None:
     """Against a ``store serve`` that wants a bearer token, ``store train --store URL`` sends ``--token`` (or
     ``$LIGHTNING_STORE_TOKEN``); without it, one line that says what is missing, not a traceback."""
     from algorithms.local_stack import wait_healthy
-    from bench.server_ops import free_port, stop
+    from bench.harness import free_port, stop
 
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTNING_STORE_")}

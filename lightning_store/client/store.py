@@ -7,7 +7,10 @@ each rollout the caller did not name (:func:`retry_safe_id`). Long waits are spl
 long-polls of at most ``MAX_LONG_POLL_SECONDS``. Errors come back typed: 404 → ``NotFoundError``, 409 →
 ``ConflictError``, other 4xx → ``InvalidRequestError`` (401 → ``UnauthorizedError``), each with the server's
 ``field``. Failures to reach the server are httpx's (``httpx.TransportError``; a 5xx ``httpx.HTTPStatusError``).
-The requests go straight to aiohttp's connection pool (:mod:`lightning_store.http_transport`), with httpx's errors.
+The requests go straight to aiohttp's connection pool (:mod:`lightning_store.client.transport`), with httpx's errors.
+
+Over 400 lines on purpose: one class, the contract's methods in the contract's order, each a few lines mapping one
+call to one route; split, a reader would have to look in several files for one contract.
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ import httpx
 from opentelemetry.sdk.trace import ReadableSpan
 from pydantic import TypeAdapter
 
+from lightning_store.client.transport import JsonTransport, encode_json
 from lightning_store.contract import UNSET, StoreStatistics, Unset
 from lightning_store.errors import ConflictError, InvalidRequestError, NotFoundError, StoreError, UnauthorizedError
-from lightning_store.http_transport import JsonTransport, encode_json
 from lightning_store.llm_calls import LlmCall
 from lightning_store.models import (
     Attempt,
