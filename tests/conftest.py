@@ -156,7 +156,14 @@ async def store(store_factory: StoreFactory) -> LightningStore:
 
 
 PAGES = "tests/pages/"
-"""Docs pages run as written (tests/pages/__init__.py): they listen on the documented ports, one at a time."""
+"""Docs pages run as written (tests/pages/__init__.py), the longest tests: they go out first."""
+ON_DEFAULT_PORTS = (
+    "tests/pages/test_bring_your_own_agent.py",  # store serve on 4747, store policy serve on 8000
+    "tests/pages/test_switch_from_agent_lightning.py",  # store serve on 4747
+    "tests/pages/test_tutorial.py",  # store train's servers on their default ports
+)
+"""The pages that listen on the default ports: one unit of work, so that they never run at the same time. Every
+other page names ports of its own (the framework how-tos: 4790-4796 and 8790-8796)."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -179,20 +186,21 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """With ``--dist loadscope`` (pyproject.toml's default), pytest-xdist sends each worker whole modules, not
-    single tests, so that a module's fixtures are built once; and the whole of ``tests/pages`` to one worker, first
-    (the modules go out in collection order, see :func:`pytest_collection_modifyitems`): its pages take minutes
-    each and must not run at the same time. (``xdist_group`` would say the same with a marker, but pytest-xdist
-    3.8 cannot apply it under pytest 9, whose node ids it no longer rewrites.)"""
+    single tests, so that a module's fixtures are built once; the pages of :data:`ON_DEFAULT_PORTS` go together as
+    one unit, so that two of them never listen at once; and the modules go out in collection order (the pages,
+    the longest, first: :func:`pytest_collection_modifyitems`). (``xdist_group`` would say the same with a
+    marker, but pytest-xdist 3.8 cannot apply it under pytest 9, whose node ids it no longer rewrites.)"""
     if config.getvalue("dist") != "loadscope":  # another --dist asked for on the command line: xdist's own
         return None
     from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
 
-    class ModulesAndPages(LoadScopeScheduling):  # type: ignore[misc]  # xdist is untyped
+    class Modules(LoadScopeScheduling):  # type: ignore[misc]  # xdist is untyped
         def _split_scope(self, nodeid: str) -> str:
-            return PAGES if nodeid.startswith(PAGES) else nodeid.split("::", 1)[0]
+            module = nodeid.split("::", 1)[0]
+            return "pages on the default ports" if module in ON_DEFAULT_PORTS else module
 
     config.option.loadscopereorder = False  # keep collection order: the longest work first
-    return ModulesAndPages(config, log)
+    return Modules(config, log)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -5,6 +5,7 @@ policy server and the trainer in this process), and measures an agent's behaviou
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,12 @@ from algorithms.session import TrainingSession
 from examples.flight.model import TRAIN_TASKS, VAL_TASKS, prompt_ids
 from lightning_store.client import HttpStore
 from lightning_store.settings import TrainerSettings
+
+GRADIENT_OFF = os.environ.get("LIGHTNING_STORE_TEST_GRADIENT_OFF") == "1"
+"""The control of every learning test that trains through :func:`train`: set, the algorithm runs with a learning
+rate of 1e-12 (the same rollouts, losses and gradients; the weights do not move), and each such test must fail.
+That it does is what shows the test measures learning and not luck (README, "Learning tests fail without a
+gradient")."""
 
 STARTING_RATE_CEILING = 0.55
 """A held-out Memory-first rate at or above this says the starting model already prefers Memory. The tool namer
@@ -86,7 +93,10 @@ async def train(
     trainer: TrainerSettings | None = None,
 ) -> dict[str, Any]:
     """Train with ``store run`` running ``agent`` (the flight agent) against the store at ``url``, with
-    ``workers × concurrency`` attempts in flight; the algorithm's summary."""
+    ``workers × concurrency`` attempts in flight; the algorithm's summary. (With :data:`GRADIENT_OFF`, nothing is
+    learnt.)"""
+    if GRADIENT_OFF:
+        algorithm.config = algorithm.config.model_copy(update={"learning_rate": 1e-12})
     await asyncio.to_thread(output_dir.mkdir, parents=True, exist_ok=True)
     with (
         runners(agent, url, workers=workers, concurrency=concurrency, log=output_dir / "runner.log"),

@@ -37,10 +37,9 @@ COMMON: dict[str, Any] = {
     ("algorithm", "target", "steps"),
     [
         pytest.param(GRPO(**COMMON), 0.85, 60, id="grpo"),
-        # REINFORCE++ and PPO learn as GRPO does (same model, tasks and loop); about 70 s each on a slow day, so
-        # they run with the other long learning runs, outside CI's time budget.
-        pytest.param(ReinforcePP(**COMMON), 0.8, 40, id="reinforce_pp", marks=pytest.mark.long),
-        pytest.param(PPO(**COMMON), 0.8, 40, id="ppo", marks=pytest.mark.long),
+        # REINFORCE++ and PPO learn as GRPO does (same model, tasks and loop), in about 90 s each beside other tests.
+        pytest.param(ReinforcePP(**COMMON), 0.8, 40, id="reinforce_pp"),
+        pytest.param(PPO(**COMMON), 0.8, 40, id="ppo"),
     ],
 )
 async def test_training_raises_the_memory_first_rate(

@@ -243,8 +243,12 @@ async def test_a_hung_attempt_times_out_and_the_others_of_its_worker_are_release
 
     finished, summary = await run_until_done(store, url, agent, ids, workers=1, concurrency=4, kill_after=1)
 
-    assert [r.status for r in finished] == ["succeeded"] * 4
-    assert await attempts_of(store, hung.rollout_id) == ["timeout", "succeeded"]
+    history = {
+        r: [(a.status, a.worker_id, (a.metadata or {}).get("released")) for a in await store.query_attempts(r)]
+        for r in ids
+    }
+    assert [r.status for r in finished] == ["succeeded"] * 4, history
+    assert await attempts_of(store, hung.rollout_id) == ["timeout", "succeeded"], history
     for rollout in healthy:
         first, *rest = await store.query_attempts(rollout.rollout_id, sort_by="sequence_id")
         assert (first.status, (first.metadata or {}).get("released")) == ("failed", "worker ended over another attempt")
