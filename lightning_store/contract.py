@@ -217,7 +217,10 @@ class LightningStore(Protocol):
         same transaction, whether or not the entry applied, as ``add_many_spans(spans,
         allocate_sequence_ids=True)`` stores them, except that they are not heartbeats (the end decides the
         attempt's status). Each must name the entry's rollout and attempt, and the entry its attempt by id (not
-        ``latest``), or the call is refused naming the span (``ends.1.spans.0.attempt_id``)."""
+        ``latest``), or the call is refused naming the span (``ends.1.spans.0.attempt_id``).
+
+        An entry with ``requeue`` releases its attempt (not at fault): its rollout goes back to ``requeuing``
+        whatever its retry policy (a cancelled one stays cancelled), never passing through ``failed``."""
         ...
 
     # Spans -----------------------------------------------------------------------------------------------

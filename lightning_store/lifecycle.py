@@ -47,6 +47,13 @@ def rollout_status_after_attempt(
     return rollout_status_from_attempt(status, sequence_id, config)
 
 
+def rollout_status_after_release(current: RolloutStatus) -> RolloutStatus:
+    """The rollout status once its latest attempt was released (ended by its runner through no fault of its
+    own: ``AttemptEnd.requeue``): back in the queue whatever the retry policy, except that a ``cancelled``
+    rollout stays cancelled (see :func:`rollout_status_after_attempt`)."""
+    return current if current == "cancelled" else "requeuing"
+
+
 REVIVED_ATTEMPT_STATUSES: tuple[AttemptStatus, ...] = ("preparing", "unresponsive")
 """Attempt statuses that a span or heartbeat turns into ``running``."""
 REVIVED_ROLLOUT_STATUSES: tuple[RolloutStatus, ...] = ("queuing", "preparing", "requeuing")

@@ -125,7 +125,10 @@ class AttemptEnd(BaseModel):
     """An attempt's final status, as a runner reports it (:meth:`LightningStore.end_attempts`, an addition);
     ``metadata``, when given, replaces the attempt's. ``spans``, when given, are the attempt's last spans, stored
     in the same transaction (see ``end_attempts``): each names this entry's rollout and attempt, and its own
-    ``sequence_id`` is ignored (it gets the next value of its rollout's counter)."""
+    ``sequence_id`` is ignored (it gets the next value of its rollout's counter). ``requeue``: the attempt was
+    not at fault (its runner released it: it stopped, or its worker was killed over another attempt), so its
+    rollout is requeued whatever its retry policy, in the same transaction; a rollout never passes through
+    ``failed`` on its way back to the queue, where a waiter could take it as finished."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -134,6 +137,7 @@ class AttemptEnd(BaseModel):
     status: EndedAttemptStatus
     metadata: dict[str, Any] | None = None
     spans: list[Span] | None = None
+    requeue: bool = False
 
 
 class Worker(BaseModel):

@@ -9,6 +9,7 @@ many in one request through :class:`EndBatcher`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections import Counter
@@ -53,44 +54,63 @@ async def end_if_current(
 
 async def release(store: LightningStore, rollout_id: str, attempt_id: str, reason: str) -> bool:
     """Give an attempt that was not allowed to finish back to the queue: the attempt is marked failed with the
-    reason in its metadata and the rollout is requeued, whatever its retry policy (the agent was not at fault).
-    Does nothing (False) when the attempt is no longer the rollout's active one."""
+    reason in its metadata and the rollout is requeued, whatever its retry policy (the agent was not at fault),
+    in one transaction (``AttemptEnd.requeue``: a waiter never sees the rollout failed on its way back). Does
+    nothing (False) when the attempt is no longer the rollout's active one, or the store cannot be reached."""
     try:
-        if not await end_if_current(store, rollout_id, attempt_id, "failed", {"released": reason}):
-            return False
-        await store.update_rollout(rollout_id, status="requeuing")
+        [ended] = await store.end_attempts([_released(rollout_id, attempt_id, reason)])
+    except NotFoundError:
+        return False  # deleted meanwhile: nothing to give back
     except UNREACHABLE as error:
         logger.warning("could not release %s (%s); the watchdog will recover it", attempt_id, type(error).__name__)
         return False
-    return True
+    return ended is not None
 
 
 RELEASE_SECONDS = 2.0
 """How long a stopping worker or runner tries to give its attempts back. A store that has not answered by then
 (its server is gone) leaves them to the watchdog, rather than holding the stop up for HttpStore's retries."""
+RELEASE_BATCH = 1000
+"""The most attempts released in one request (``end_attempts`` takes at most 1000 ends)."""
 
 
 async def release_all(
     store: LightningStore, attempts: Iterable[tuple[str, str]], reason: str, *, within: float = RELEASE_SECONDS
 ) -> None:
-    """:func:`release` each ``(rollout_id, attempt_id)``, all at once, for at most ``within`` seconds."""
-    pending = [
-        asyncio.ensure_future(release(store, rollout_id, attempt_id, reason)) for rollout_id, attempt_id in attempts
-    ]
-    if not pending:
+    """:func:`release` each ``(rollout_id, attempt_id)``, a thousand to a request, for at most ``within``
+    seconds in all."""
+    ends = [_released(rollout_id, attempt_id, reason) for rollout_id, attempt_id in attempts]
+    if not ends:
         return
+    batches = [ends[i : i + RELEASE_BATCH] for i in range(0, len(ends), RELEASE_BATCH)]
+    pending = [asyncio.ensure_future(_release_batch(store, batch)) for batch in batches]
     _, late = await asyncio.wait(pending, timeout=within)
     for task in late:
-        task.cancel()  # safe: each write is a conditional update, applied whole or not at all
+        task.cancel()  # safe: each request is one transaction, applied whole or not at all
     for result in await asyncio.gather(*pending, return_exceptions=True):
         if isinstance(result, Exception):
-            logger.warning("could not release an attempt: %s: %s", type(result).__name__, result)
+            logger.warning("could not release attempts: %s: %s", type(result).__name__, result)
     if late:
         logger.warning(
             "could not release %d attempts within %.1f s (store unreachable); the watchdog will recover them",
-            len(late),
+            sum(len(batch) for batch, task in zip(batches, pending, strict=True) if task in late),
             within,
         )
+
+
+async def _release_batch(store: LightningStore, ends: list[AttemptEnd]) -> None:
+    try:
+        await store.end_attempts(ends)
+    except NotFoundError:  # one rollout deleted meanwhile refuses the batch: it must not keep the others out
+        for end in ends:
+            with contextlib.suppress(NotFoundError):
+                await store.end_attempts([end])
+
+
+def _released(rollout_id: str, attempt_id: str, reason: str) -> AttemptEnd:
+    return AttemptEnd(
+        rollout_id=rollout_id, attempt_id=attempt_id, status="failed", metadata={"released": reason}, requeue=True
+    )
 
 
 class EndBatcher:

@@ -126,6 +126,9 @@ class Worker:
         idle = _IdleClock()
         try:
             while not stop.is_set():
+                done = {task for task in running if task.done()}
+                running -= done
+                _reraise(done)  # before claiming more: a hung agent ends the worker at once
                 if len(running) >= self.concurrency:
                     done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                     _reraise(done)
@@ -136,12 +139,10 @@ class Worker:
                 if not claimed:
                     await self._idle_heartbeat()
                 for one in claimed:
+                    self._hold(one.rollout)
                     task = asyncio.create_task(self.run_attempt(one.rollout, tracer, one.resources))
                     task.add_done_callback(idle.restart)
                     running.add(task)
-                done = {task for task in running if task.done()}
-                running -= done
-                _reraise(done)
             if running:
                 _reraise((await asyncio.wait(running))[0])
         finally:
@@ -176,9 +177,8 @@ class Worker:
         """Run one claimed attempt to its end and report its status (which is also returned). ``resources``:
         the snapshot it runs with, as its claim carried it (None: the store has none)."""
         rollout_id, attempt_id = claimed.rollout_id, claimed.attempt.attempt_id
-        timeout = claimed.config.timeout_seconds or self.default_timeout
-        self.in_flight[attempt_id] = claimed
-        self.report({"event": "claimed", "rollout_id": rollout_id, "attempt_id": attempt_id, "timeout": timeout})
+        timeout = self._timeout(claimed)
+        self._hold(claimed)
         status: EndedAttemptStatus = "failed"
         reward: float | None = None
         try:
@@ -209,6 +209,20 @@ class Worker:
         self.report(finished | {"reward": reward})
         await persist(lambda: self._worker_heartbeat(due_only=True), what="worker heartbeat")
         return status
+
+    def _hold(self, claimed: AttemptedRollout) -> None:
+        """Count a claimed attempt as this worker's, and tell the runner, from the moment the claim answered.
+        Why not when it starts: a worker that ends (hung, or stopped) between a claim and the start of its
+        attempts must still give them back, and only attempts it holds are given back."""
+        attempt_id = claimed.attempt.attempt_id
+        if attempt_id in self.in_flight:
+            return
+        self.in_flight[attempt_id] = claimed
+        event = {"rollout_id": claimed.rollout_id, "attempt_id": attempt_id, "timeout": self._timeout(claimed)}
+        self.report({"event": "claimed"} | event)
+
+    def _timeout(self, claimed: AttemptedRollout) -> float | None:
+        return claimed.config.timeout_seconds or self.default_timeout
 
     async def _run_agent(
         self, claimed: AttemptedRollout, timeout: float | None, update: ResourcesUpdate | None

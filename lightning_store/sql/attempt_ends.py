@@ -127,8 +127,11 @@ async def decide_ends(
         ended = target.model_copy(update=values)
         results[i] = by_id[ended.attempt_id] = latest[end.rollout_id] = ended
         config = RolloutConfig.model_validate(locked[end.rollout_id]["config"])
-        follows = lifecycle.rollout_status_after_attempt(
-            rollout_status[end.rollout_id], end.status, target.sequence_id, config
+        current = rollout_status[end.rollout_id]
+        follows = (
+            lifecycle.rollout_status_after_release(current)
+            if end.requeue
+            else lifecycle.rollout_status_after_attempt(current, end.status, target.sequence_id, config)
         )
         if follows != rollout_status[end.rollout_id]:
             rollout_status[end.rollout_id] = follows

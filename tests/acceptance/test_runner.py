@@ -234,14 +234,21 @@ async def test_a_hung_attempt_times_out_and_the_others_of_its_worker_are_release
     served: tuple[SqlStore, str], agent: str, fault: str
 ) -> None:
     store, url = served
-    hung = await store.enqueue_rollout({"i": 0, "fault": fault}, config=RETRY.model_copy(update={"timeout_seconds": 2}))
+    # The hung attempt's 2 s come from the runner (``default_timeout``), not from the rollout's config: those would
+    # hold for its retry too, counted by the store from the claim, and a fresh worker's first attempt on a loaded
+    # machine can take that long from claim to end (the likeliest cause of a failure seen once in CI: the rollout
+    # ended failed).
+    no_timeout = RETRY.model_copy(update={"timeout_seconds": None})
+    hung = await store.enqueue_rollout({"i": 0, "fault": fault}, config=no_timeout)
     # No retries: a released attempt is requeued all the same, since it was not at fault.
     healthy = await store.enqueue_many_rollouts(
         [{"input": {"i": i, "sleep": 5.0}, "config": RolloutConfig(timeout_seconds=30)} for i in (1, 2, 3)]  # type: ignore[misc]
     )
     ids = [hung.rollout_id, *(r.rollout_id for r in healthy)]
 
-    finished, summary = await run_until_done(store, url, agent, ids, workers=1, concurrency=4, kill_after=1)
+    finished, summary = await run_until_done(
+        store, url, agent, ids, workers=1, concurrency=4, default_timeout=2, kill_after=1
+    )
 
     history = {
         r: [(a.status, a.worker_id, (a.metadata or {}).get("released")) for a in await store.query_attempts(r)]

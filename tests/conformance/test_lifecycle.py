@@ -294,6 +294,49 @@ async def test_ending_attempts_together_applies_each_as_a_conditional_update(sto
     assert await store.end_attempts([]) == []
 
 
+async def test_a_released_attempt_requeues_its_rollout_whatever_the_policy_and_in_one_step(
+    store: LightningStore,
+) -> None:
+    """``requeue``: the runner gave the attempt back (not the agent's fault). The rollout goes straight back to the
+    queue, even with no retries left, and never through ``failed``, where a waiter would take it as finished; a
+    cancelled rollout stays cancelled; an attempt that is no longer current is left as the store decided."""
+    for i in range(3):
+        await store.enqueue_rollout(i)  # no retries
+    released, cancelled, late = await store.dequeue_many_rollouts(limit=3, worker_id="w1")
+    await store.update_rollout(cancelled.rollout_id, status="cancelled")
+    await store.update_attempt(late.rollout_id, late.attempt.attempt_id, status="timeout")  # the watchdog was first
+    waiting = asyncio.ensure_future(store.wait_for_rollouts(rollout_ids=[released.rollout_id], timeout=1.0))
+    await asyncio.sleep(0.2)  # the waiter is waiting
+
+    ended = await store.end_attempts(
+        [
+            AttemptEnd(
+                rollout_id=r.rollout_id,
+                attempt_id=r.attempt.attempt_id,
+                status="failed",
+                metadata={"released": "worker stopped"},
+                requeue=True,
+            )
+            for r in (released, cancelled, late)
+        ]
+    )
+
+    assert [(a.status, a.metadata) if a else None for a in ended] == [
+        ("failed", {"released": "worker stopped"}),
+        ("failed", {"released": "worker stopped"}),
+        None,
+    ]
+    assert await waiting == []  # it never finished
+    rollouts = {r.rollout_id: r for r in (await store.query_rollouts()).items}
+    assert rollouts[released.rollout_id].status == "requeuing" and rollouts[released.rollout_id].end_time is None
+    assert rollouts[cancelled.rollout_id].status == "cancelled"
+    assert rollouts[late.rollout_id].status == "failed"
+    again = await store.dequeue_rollout(worker_id="w2")
+    assert again is not None and again.rollout_id == released.rollout_id and again.attempt.sequence_id == 2
+    workers = {w.worker_id: w for w in (await store.query_workers()).items}
+    assert workers["w1"].status == "idle"
+
+
 async def test_entries_of_one_batch_see_the_ones_before_them(store: LightningStore) -> None:
     config = RolloutConfig(max_attempts=3, retry_condition=["failed"])
     await store.enqueue_rollout("twice", config=config)
