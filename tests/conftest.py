@@ -167,9 +167,16 @@ other page names ports of its own (the framework how-tos: 4790-4796 and 8790-879
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The docs pages first (the longest unit of work, see :func:`pytest_xdist_make_scheduler`); ``long`` tests
-    (several learning runs each) run only when LIGHTNING_STORE_TEST_LONG=1."""
-    items.sort(key=lambda item: not item.nodeid.startswith(PAGES))  # stable: the rest keeps its order
+    """The longest work first, so that the quick tests fill the tail (see :func:`pytest_xdist_make_scheduler`): the
+    docs pages, then the modules with slow tests (learning runs, servers, browsers), then the rest, each group in
+    its own order and each module whole. ``long`` tests run only when LIGHTNING_STORE_TEST_LONG=1."""
+    slow = {item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("slow")}
+
+    def rank(item: pytest.Item) -> int:
+        module = item.nodeid.split("::", 1)[0]
+        return 0 if module.startswith(PAGES) else 1 if module in slow else 2
+
+    items.sort(key=rank)
     if os.environ.get("LIGHTNING_STORE_TEST_LONG") == "1":
         return
     skip = pytest.mark.skip(reason="a long learning test: set LIGHTNING_STORE_TEST_LONG=1 to run it")
