@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_POSTGRES_URL",
     "REPO",
     "STARTUP_SECONDS",
+    "Timed",
     "add_postgres_url",
     "agl_store",
     "async_postgres_database",
@@ -83,6 +84,34 @@ def nearest_rank(values: Sequence[float], q: float) -> float:
     if not ordered:
         return math.nan
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
+class Timed:
+    """Throughput and latency percentiles for a measurement (a dataclass) of ``calls`` calls that handled ``items``
+    items in ``seconds``, with each call's latency in ``latencies`` (seconds)."""
+
+    calls: int
+    items: int
+    seconds: float
+    latencies: list[float]
+
+    @property
+    def throughput(self) -> float:
+        return self.items / self.seconds if self.seconds > 0 else math.inf
+
+    def percentile(self, q: float) -> float:
+        """Nearest-rank percentile of the per-call latencies, in seconds."""
+        return nearest_rank(self.latencies, q)
+
+    def timing_json(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls,
+            "items": self.items,
+            "seconds": round(self.seconds, 4),
+            "per_second": round(self.throughput, 1),
+            "p50_ms": round(self.percentile(50) * 1000, 3),
+            "p99_ms": round(self.percentile(99) * 1000, 3),
+        }
 
 
 def add_postgres_url(parser: argparse.ArgumentParser) -> None:

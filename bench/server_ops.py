@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -51,12 +50,12 @@ from rich.table import Table
 from bench.harness import (
     AGL_ENV,
     DEFAULT_AGL_PYTHON,
+    Timed,
     add_postgres_url,
     database,
     find_agl_python,
     log,
     log_tail,
-    nearest_rank,
     postgres_answers,
     server,
     stop,
@@ -73,7 +72,7 @@ WORKER = Path(__file__).with_name("server_ops_worker.py")
 
 
 @dataclass
-class Measurement:
+class Measurement(Timed):
     """One operation at one concurrency, for one client kind against one server."""
 
     server: str
@@ -95,14 +94,6 @@ class Measurement:
     def unit(self) -> str:
         return UNITS.get(self.operation, "queries")
 
-    @property
-    def throughput(self) -> float:
-        return self.items / self.seconds if self.seconds > 0 else math.inf
-
-    def percentile(self, q: float) -> float:
-        """Nearest-rank percentile of the per-call latencies, in seconds."""
-        return nearest_rank(self.latencies, q)
-
     def to_json(self) -> dict[str, Any]:
         return {
             "server": self.server,
@@ -110,12 +101,7 @@ class Measurement:
             "operation": self.operation,
             "clients": self.clients,
             "unit": self.unit,
-            "calls": self.calls,
-            "items": self.items,
-            "seconds": round(self.seconds, 4),
-            "per_second": round(self.throughput, 1),
-            "p50_ms": round(self.percentile(50) * 1000, 3),
-            "p99_ms": round(self.percentile(99) * 1000, 3),
+            **self.timing_json(),
             "errors": self.errors,
             "first_error": self.first_error,
         }

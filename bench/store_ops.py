@@ -46,7 +46,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.harness import add_postgres_url, async_postgres_database, nearest_rank, postgres_reachable
+from bench.harness import Timed, add_postgres_url, async_postgres_database, postgres_reachable
 from bench.server_ops_worker import span_json
 from lightning_store.models import AttemptedRollout, EnqueueRolloutRequest
 from lightning_store.spans import Span
@@ -57,7 +57,7 @@ TARGET_SPANS_PER_SECOND = 20_000
 
 
 @dataclass
-class OpResult:
+class OpResult(Timed):
     """One measured operation: ``calls`` store calls that handled ``items`` items in ``seconds``."""
 
     operation: str
@@ -67,25 +67,8 @@ class OpResult:
     seconds: float
     latencies: list[float] = field(repr=False)
 
-    @property
-    def throughput(self) -> float:
-        return self.items / self.seconds if self.seconds > 0 else math.inf
-
-    def percentile(self, q: float) -> float:
-        """Nearest-rank percentile of the per-call latencies, in seconds."""
-        return nearest_rank(self.latencies, q)
-
     def to_json(self) -> dict[str, Any]:
-        return {
-            "operation": self.operation,
-            "unit": self.unit,
-            "calls": self.calls,
-            "items": self.items,
-            "seconds": round(self.seconds, 4),
-            "per_second": round(self.throughput, 1),
-            "p50_ms": round(self.percentile(50) * 1000, 3),
-            "p99_ms": round(self.percentile(99) * 1000, 3),
-        }
+        return {"operation": self.operation, "unit": self.unit, **self.timing_json()}
 
 
 @dataclass

@@ -69,6 +69,8 @@ Resources = Annotated[
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Say what would change; change nothing.")]
 
 
+# retry, requeue and cancel repeat one signature on purpose: typer reads each command's options from its own; the
+# work is ``_act``'s.
 def retry(
     rollout_ids: RolloutIds = None,
     status: Statuses = None,

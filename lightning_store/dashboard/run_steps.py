@@ -27,7 +27,8 @@ METRIC_COLUMNS = (
     "trained_transitions",
     "step_seconds",
 )
-"""The metrics ``training_steps_v`` has columns for (docs/reference/sql.md)."""
+"""The metrics ``training_steps_v`` has columns for (docs/reference/sql.md). Its migration lists them again:
+a migration is frozen SQL and imports nothing of the package."""
 STEP_COLUMNS = ("step", "training_rollout_id", "resources_version", "time", *METRIC_COLUMNS)
 
 RL_CHARTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (

@@ -58,6 +58,8 @@ class AttemptParams(_Params):
     sort_by: str | None = "sequence_id"
 
 
+# Field for field ``wire.QuerySpansBody``, on purpose: these are the GET form's parameters, read from text and
+# unknown keys ignored, then checked again by that strict model (``body``), which the POST form is.
 class SpanParams(_Params):
     rollout_id: str
     attempt_id: str | None = None
