@@ -150,6 +150,19 @@ async def test_a_span_does_not_revive_a_finished_rollout(store: LightningStore) 
     assert attempt is not None and attempt.status == "succeeded"
 
 
+async def latest_status_once_not(store: LightningStore, rollout_id: str, status: str, *, within: float = 30) -> str:
+    """The rollout's latest attempt's status once it is no longer ``status`` (or, after ``within`` s, as it is).
+    Why poll: the watchdog acts within its interval of a limit passing on an idle machine, and seconds later on
+    a loaded one; the contract is the outcome, not the moment."""
+    deadline = time.monotonic() + within
+    while True:
+        attempt = await store.get_latest_attempt(rollout_id)
+        assert attempt is not None
+        if attempt.status != status or time.monotonic() > deadline:
+            return attempt.status
+        await asyncio.sleep(0.05)
+
+
 async def test_watchdog_times_out_and_requeues_without_any_call(store_factory: StoreFactory) -> None:
     store = await store_factory(watchdog_interval=0.05)
     config = RolloutConfig(timeout_seconds=0.2, max_attempts=2, retry_condition=["timeout"])
@@ -157,10 +170,11 @@ async def test_watchdog_times_out_and_requeues_without_any_call(store_factory: S
     claimed = await store.dequeue_rollout(worker_id="w1")
     assert claimed is not None
     await store.add_span(span_for(rollout.rollout_id, claimed.attempt.attempt_id))
-    await asyncio.sleep(0.6)
+    assert await latest_status_once_not(store, rollout.rollout_id, "running") == "timeout"
     attempt = (await store.query_attempts(rollout.rollout_id))[0]
     stored = await store.get_rollout_by_id(rollout.rollout_id)
     assert attempt.status == "timeout" and attempt.end_time is not None
+    assert attempt.end_time - attempt.start_time >= 0.2  # not before its limit
     assert stored is not None and stored.status == "requeuing"
     worker = await store.get_worker_by_id("w1")
     assert worker is not None and worker.status == "unknown"
@@ -171,7 +185,7 @@ async def test_watchdog_marks_silent_attempts_unresponsive(store_factory: StoreF
     rollout = await store.enqueue_rollout(1, config=RolloutConfig(unresponsive_seconds=0.2))
     claimed = await store.dequeue_rollout()
     assert claimed is not None
-    await asyncio.sleep(0.6)
+    assert await latest_status_once_not(store, rollout.rollout_id, "preparing") == "unresponsive"
     attempt = await store.get_latest_attempt(rollout.rollout_id)
     stored = await store.get_rollout_by_id(rollout.rollout_id)
     assert attempt is not None and attempt.status == "unresponsive" and attempt.end_time is None
@@ -179,14 +193,16 @@ async def test_watchdog_marks_silent_attempts_unresponsive(store_factory: StoreF
 
 
 async def test_heartbeats_keep_an_attempt_responsive(store: LightningStore) -> None:
-    rollout = await store.enqueue_rollout(1, config=RolloutConfig(unresponsive_seconds=0.3))
+    # A scan right after a heartbeat finds the attempt alive, however slow the machine, as long as a heartbeat and
+    # the scan after it take less than the limit (1 s); the scan after a silence longer than it finds it silent.
+    rollout = await store.enqueue_rollout(1, config=RolloutConfig(unresponsive_seconds=1.0))
     claimed = await store.dequeue_rollout()
     assert claimed is not None
     for i in range(4):
-        await asyncio.sleep(0.15)
+        await asyncio.sleep(0.3)
         await store.add_span(span_for(rollout.rollout_id, claimed.attempt.attempt_id, f"s{i}", i + 1))
         assert await store.scan_unhealthy() == 0
-    await asyncio.sleep(0.4)
+    await asyncio.sleep(1.1)
     assert await store.scan_unhealthy() == 1
     attempt = await store.get_latest_attempt(rollout.rollout_id)
     assert attempt is not None and attempt.status == "unresponsive"

@@ -37,7 +37,9 @@ async def test_a_rollout_requeued_during_a_wait_is_waited_for_again(store: Light
     first, second = await store.start_rollout(1), await store.start_rollout(2)
     await store.update_attempt(first.rollout_id, "latest", status="succeeded")
     waiting = asyncio.ensure_future(
-        store.wait_for_rollouts(rollout_ids=[first.rollout_id, second.rollout_id], timeout=0.8)
+        # It runs to its timeout (``first`` never finishes again): long enough that a loaded machine still
+        # finishes ``second`` within it, short enough to keep the test quick.
+        store.wait_for_rollouts(rollout_ids=[first.rollout_id, second.rollout_id], timeout=3)
     )
     await asyncio.sleep(0.2)  # the wait has seen `first` finished
     await store.update_rollout(first.rollout_id, status="queuing")  # and now it is not
