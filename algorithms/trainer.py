@@ -1,4 +1,5 @@
 """The whole training loop from Python, for notebooks and scripts: ``Trainer(...).fit(agent, train=..., val=...)``.
+(Just past 400 lines: the argument checks that must all run before anything starts live with ``fit``.)
 
 One call starts (or attaches to) the store, starts the policy server (for an algorithm that trains weights), the
 runner processes and the trainer, waits for the run, stops what it started and returns the run's

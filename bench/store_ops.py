@@ -1,4 +1,5 @@
-"""Benchmark of the store's hot paths, called through the store API in one process.
+"""Benchmark of the store's hot paths, called through the store API in one process. (Past 400 lines: five
+workloads and the memory check that share one store and one table; each is a short function.)
 
 For each backend it measures:
 

@@ -37,9 +37,10 @@ COMMON: dict[str, Any] = {
     ("algorithm", "target", "steps"),
     [
         pytest.param(GRPO(**COMMON), 0.85, 60, id="grpo"),
-        # REINFORCE++ and PPO learn as GRPO does (same model, tasks and loop), in about 90 s each beside other tests.
-        pytest.param(ReinforcePP(**COMMON), 0.8, 40, id="reinforce_pp"),
-        pytest.param(PPO(**COMMON), 0.8, 40, id="ppo"),
+        # REINFORCE++ and PPO learn as GRPO does (same model, tasks and loop). After 40 steps a loaded CI run
+        # measured 0.77 and 0.79 (2026-12-04; 0.41 and 0.48 with the gradient off): 60 steps, as GRPO.
+        pytest.param(ReinforcePP(**COMMON), 0.8, 60, id="reinforce_pp"),
+        pytest.param(PPO(**COMMON), 0.8, 60, id="ppo"),
     ],
 )
 async def test_training_raises_the_memory_first_rate(
