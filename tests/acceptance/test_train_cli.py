@@ -178,7 +178,8 @@ def test_store_train_serves_the_policy_with_vllm(tmp_path: Path) -> None:
     result = store_train(tmp_path, 1, *vllm, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "run" / "step-1" / "config.json").exists()
-    assert (tmp_path / "run" / "vllm" / "v1" / "model.safetensors").exists()
+    swapped = sorted(str(p.relative_to(tmp_path / "run")) for p in (tmp_path / "run" / "vllm").rglob("*.safetensors"))
+    assert (tmp_path / "run" / "vllm" / "v1" / "model.safetensors").exists(), (swapped, result.stderr[-3000:])
     assert "vllm" in (tmp_path / "run" / "vllm" / "vllm.log").read_text().lower()
     with sqlite3.connect(tmp_path / "run" / "store.db") as db:
         versions = db.execute(
