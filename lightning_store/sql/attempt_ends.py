@@ -133,7 +133,7 @@ async def decide_ends(
             if end.requeue
             else lifecycle.rollout_status_after_attempt(current, end.status, target.sequence_id, config)
         )
-        if follows != rollout_status[end.rollout_id]:
+        if follows != current:
             rollout_status[end.rollout_id] = follows
             changes[end.rollout_id] = rollout_status_values(follows, now)
             wake_for_status(wakeups, follows)
