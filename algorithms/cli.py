@@ -113,6 +113,34 @@ def read_config(path: Path | None) -> dict[str, Any]:
     return loaded
 
 
+def override(options: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
+    """``options`` with each ``NAME=VALUE`` of ``--set`` laid over them, in order: ``VALUE`` read as YAML reads a
+    value (``2``, ``2.0e-4``, ``true``, ``[q_proj, v_proj]``), a dotted ``NAME`` one key of a nested option
+    (``lora.r=4``). What the algorithm does not take is refused later, as an unknown key of ``--config`` is."""
+    import yaml
+
+    merged = dict(options)
+    for assignment in assignments:
+        name, sep, text = assignment.partition("=")
+        keys = name.split(".")
+        if not sep or not all(keys):
+            raise typer.BadParameter(
+                f"{assignment!r}: give NAME=VALUE (NAME may be dotted: lora.r=4)", param_hint="--set"
+            )
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise typer.BadParameter(f"{assignment!r}: the value is not YAML: {error}", param_hint="--set") from None
+        target = merged
+        for key in keys[:-1]:
+            nested = target.get(key, {})
+            if not isinstance(nested, dict):
+                raise typer.BadParameter(f"{assignment!r}: {key} is not a mapping", param_hint="--set")
+            target[key] = target = dict(nested)
+        target[keys[-1]] = value
+    return merged
+
+
 def _runnable_algorithm(name: str) -> str:
     """``--algorithm``'s check, made before the other options are read (it is eager): an algorithm that needs the
     missing ``train`` extra is the install hint and exit 2, whatever else the command line lacks."""
@@ -144,6 +172,15 @@ def train(
         str | None, typer.Option("--test", help=f"Held-out test tasks (APO scores them): {TASKS}.")
     ] = None,
     config: Annotated[Path | None, typer.Option(help="YAML file of algorithm options.", exists=True)] = None,
+    assignments: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="An algorithm option over --config's, as NAME=VALUE (VALUE in YAML; lora.r=4 for a nested one); "
+            "repeatable.",
+            show_default=False,
+        ),
+    ] = None,
     output: Annotated[Path, typer.Option(help="Checkpoints, logs and the embedded store.")] = Path("runs/latest"),
     steps: Annotated[
         int | None,
@@ -259,7 +296,7 @@ def train(
         )
     except ValidationError as error:
         raise typer.BadParameter(str(error), param_hint="--optimizer-* (or LIGHTNING_STORE_OPTIMIZER_*)") from None
-    options = read_config(config)
+    options = override(read_config(config), assignments or [])
     from_config = options.pop("report_to", None)  # a run option, not the algorithm's
     trackers = report_to if report_to is not None else from_config  # the command-line option wins
     try:
@@ -269,7 +306,7 @@ def train(
     try:
         instance = algorithm_class(**options)
     except ValidationError as error:
-        raise typer.BadParameter(str(error), param_hint="--config") from None
+        raise typer.BadParameter(str(error), param_hint="--config" if not assignments else "--config/--set") from None
     train_tasks = read_tasks(train_file, "--train")
     val_tasks = read_tasks(val_file, "--val") if val_file else None
     test_tasks = read_tasks(test_file, "--test") if test_file else None

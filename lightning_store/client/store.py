@@ -53,7 +53,9 @@ from lightning_store.resources import NamedResources, ResourcesUpdate
 from lightning_store.server.wire import MAX_LONG_POLL_SECONDS
 from lightning_store.spans import Span
 
-RETRY_DELAYS = (0.1, 0.5, 1.0, 2.0, 4.0)
+RETRY_DELAYS = (0.1, 0.5, 1.0, 2.0, 4.0, 8.0)
+"""Backoff before each retry: about 15 s in all, so that a server restarting on a loaded machine (stop, start,
+migration check) is found again; a runner's stop does not wait on them (``runners.attempts.RELEASE_SECONDS``)."""
 _SPANS: TypeAdapter[list[Span]] = TypeAdapter(list[Span])
 NOT_SENT = (httpx.ConnectError,)
 """The connection could not be opened: the request never left, so any request may be sent again."""

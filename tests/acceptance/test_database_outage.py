@@ -374,7 +374,7 @@ def test_serve_refuses_a_schema_it_does_not_know(empty_url: str, tmp_path: Path)
 async def test_serve_with_migrate_upgrades_an_empty_database(empty_url: str, tmp_path: Path) -> None:
     server = LoggedServer("--database-url", empty_url, "--migrate", "--log-level", "warning", cwd=tmp_path)
     try:
-        async with httpx.AsyncClient(base_url=server.url) as http:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
 
             async def healthy() -> bool:
                 with contextlib.suppress(httpx.HTTPError):

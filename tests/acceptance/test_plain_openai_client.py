@@ -73,7 +73,7 @@ async def test_plain_clients_are_recorded_on_the_attempt_they_ran_in(
 
 
 async def test_the_worker_route_names_what_is_wrong(store: SqlStore) -> None:
-    async with serving(store) as server, httpx.AsyncClient(base_url=server) as http:
+    async with serving(store) as server, httpx.AsyncClient(base_url=server, timeout=30) as http:
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
         unknown = await http.post("/worker/nobody/v1/chat/completions", json=body)
         assert unknown.status_code == 404 and unknown.json()["field"] == "worker_id"

@@ -350,7 +350,9 @@ async def test_headers_past_the_limit_get_a_431_and_bodies_are_not_counted(tmp_p
         writer.close()
         assert closed and sent < 8 * 1024 * 1024, sent
         body = {"spans": [{"x": "b" * 200_000}]}  # 200 kB of body after small headers: not a head too large
-        async with httpx.AsyncClient(base_url=server.url, headers={"authorization": "Bearer secret"}) as http:
+        async with httpx.AsyncClient(
+            base_url=server.url, headers={"authorization": "Bearer secret"}, timeout=30
+        ) as http:
             response = await http.post("/v1/agl/spans/batch", json=body)
             assert response.status_code in (400, 422), response.text  # refused for its content, not its size
             assert (await http.get("/v1/agl/health")).status_code == 200
@@ -373,7 +375,7 @@ async def test_a_client_that_leaves_mid_body_costs_one_quiet_line_not_a_tracebac
             await writer.drain()
             await asyncio.sleep(0.3)
             writer.close()
-        async with httpx.AsyncClient(base_url=server.url) as http:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
             assert (await http.get("/v1/agl/health")).status_code == 200
             assert (await http.post("/v1/agl/rollouts/search", json={})).json()["total"] == 0
     finally:

@@ -141,6 +141,10 @@ def test_bad_config_is_refused_before_anything_starts(tmp_path: Path) -> None:
     (tmp_path / "grpo.yaml").write_text("group_sise: 2\n")
     result = store_train(tmp_path, steps=1)
     assert result.returncode != 0 and "group_sise" in result.stderr
+    # The same from --set, over a valid file.
+    (tmp_path / "grpo.yaml").write_text("group_size: 2\n")
+    result = store_train(tmp_path, 1, "--set", "tasks_per_step=2", "--set", "group_sise=2")
+    assert result.returncode != 0 and "group_sise" in result.stderr and "--config/--set" in result.stderr
     assert not (tmp_path / "run").exists()
 
 

@@ -35,7 +35,7 @@ def by_testid(html: str, name: str) -> str:
 
 @pytest.mark.parametrize("database_url", BACKENDS, indirect=True)
 async def test_pages_need_the_token_and_the_cookie_opens_only_the_dashboard(sql_store: SqlStore) -> None:
-    async with serving(sql_store, token=TOKEN) as url, httpx.AsyncClient(base_url=url) as http:
+    async with serving(sql_store, token=TOKEN) as url, httpx.AsyncClient(base_url=url, timeout=30) as http:
         page = await http.get("/dashboard/rollouts?status=failed")
         assert page.status_code == 303
         assert page.headers["location"] == "/dashboard/login?next=%2Fdashboard%2Frollouts%3Fstatus%3Dfailed"
@@ -53,7 +53,8 @@ async def test_pages_need_the_token_and_the_cookie_opens_only_the_dashboard(sql_
         assert "Path=/dashboard" in cookie
         value = http.cookies[auth.COOKIE]
         assert (await http.get("/dashboard/")).status_code == 200
-        async with httpx.AsyncClient(base_url=url) as bare:  # no cookie jar: the cookie sent by hand, anywhere
+        # No cookie jar: the cookie sent by hand, anywhere.
+        async with httpx.AsyncClient(base_url=url, timeout=30) as bare:
             # The cookie is the dashboard's: the API (which writes) still wants the bearer token.
             cookie_header = {"cookie": f"{auth.COOKIE}={value}"}
             assert (await bare.get("/v1/agl/statistics", headers=cookie_header)).status_code == 401
@@ -66,13 +67,13 @@ async def test_pages_need_the_token_and_the_cookie_opens_only_the_dashboard(sql_
 
 @pytest.mark.parametrize("target", ["//evil.example/", "https://evil.example/dashboard/", "/v1/agl/statistics", ""])
 async def test_the_login_only_sends_back_into_the_dashboard(sql_store: SqlStore, target: str) -> None:
-    async with serving(sql_store, token=TOKEN) as url, httpx.AsyncClient(base_url=url) as http:
+    async with serving(sql_store, token=TOKEN) as url, httpx.AsyncClient(base_url=url, timeout=30) as http:
         page = await http.get("/dashboard/login", params={"next": target})
         assert page.status_code == 200 and 'data-next="/dashboard/"' in page.text
 
 
 async def test_without_a_token_the_dashboard_is_open_and_the_login_page_moves_on(sql_store: SqlStore) -> None:
-    async with serving(sql_store) as url, httpx.AsyncClient(base_url=url) as http:
+    async with serving(sql_store) as url, httpx.AsyncClient(base_url=url, timeout=30) as http:
         assert (await http.get("/dashboard/")).status_code == 200
         moved = await http.get("/dashboard/login", params={"next": "/dashboard/runs"})
         assert moved.status_code == 303 and moved.headers["location"] == "/dashboard/runs"
@@ -99,7 +100,7 @@ async def test_the_overview_counts_what_the_store_holds(sql_store: SqlStore) -> 
             sa.text("UPDATE workers SET last_heartbeat_time = :then WHERE worker_id = 'worker-a'"),
             {"then": time.time() - 600},
         )
-    async with serving(sql_store) as url, httpx.AsyncClient(base_url=url) as http:
+    async with serving(sql_store) as url, httpx.AsyncClient(base_url=url, timeout=30) as http:
         html = (await http.get("/dashboard/")).text
         live = (await http.get("/dashboard/overview/live")).text
     statuses: dict[tuple[str, str], int] = {}

@@ -61,7 +61,7 @@ class Site:
 async def site(database_url: str) -> AsyncIterator[Site]:
     store = await open_store(database_url, migrate=True, watchdog_interval=0)
     filled = await fill(store)
-    async with serving(store) as url, httpx.AsyncClient(base_url=url) as http:
+    async with serving(store) as url, httpx.AsyncClient(base_url=url, timeout=30) as http:
         yield Site(store, http, filled)
     await store.close()
 
@@ -69,7 +69,7 @@ async def site(database_url: str) -> AsyncIterator[Site]:
 @pytest.fixture
 async def empty_site(database_url: str) -> AsyncIterator[Site]:
     store = await open_store(database_url, migrate=True, watchdog_interval=0)
-    async with serving(store) as url, httpx.AsyncClient(base_url=url) as http:
+    async with serving(store) as url, httpx.AsyncClient(base_url=url, timeout=30) as http:
         yield Site(store, http, Filled())
     await store.close()
 

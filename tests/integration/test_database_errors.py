@@ -75,7 +75,7 @@ async def test_a_database_error_that_is_no_outage_is_a_logged_500(
     """A store over a database without its tables: every statement fails, and that is no reason to retry."""
     store = await open_store(f"sqlite:///{tmp_path / 'store.db'}", migrate=False, watchdog=False)
     try:
-        async with serving(store) as url, httpx.AsyncClient(base_url=url) as http:
+        async with serving(store) as url, httpx.AsyncClient(base_url=url, timeout=30) as http:
             assert (await http.get("/v1/agl/health")).json() == {"status": "ok", "database": "ok"}
             answer = await http.get("/v1/agl/rollouts/ro-1")
     finally:

@@ -248,7 +248,7 @@ async def test_max_batch_size_one_decodes_one_request_at_a_time(model_dir: Path)
 )
 async def test_bad_settings_get_a_400_naming_the_field(model_dir: Path, body: dict[str, Any], field: str) -> None:
     server = PolicyServer(model_dir, model_name="tiny")
-    async with serve_app(server.app()) as url, httpx.AsyncClient(base_url=url) as client:
+    async with serve_app(server.app()) as url, httpx.AsyncClient(base_url=url, timeout=30) as client:
         response = await client.post("/v1/chat/completions", json={**chat(QUESTIONS[0]), **body})
         assert response.status_code == 400
         assert response.json()["error"]["param"] == field

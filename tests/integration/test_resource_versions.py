@@ -83,7 +83,7 @@ async def test_the_resources_page_diffs_each_version_against_the_one_before(stor
     for text in TEXTS:
         await store.update_resources("prompts", prompt(text))
     await store.update_resources("policy", {"llm": LLM(endpoint="http://127.0.0.1:9/v1", model="m")})
-    async with serving(store) as url, httpx.AsyncClient(base_url=url) as http:
+    async with serving(store) as url, httpx.AsyncClient(base_url=url, timeout=30) as http:
         latest = await page_of(http, "/dashboard/resources/prompts")
         assert latest.testid("shown-version").attrs["data-value"] == "3"
         assert "version 2" in latest.testid("diff-parent").text()

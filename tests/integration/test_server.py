@@ -33,7 +33,7 @@ async def base_url(sql_store: SqlStore) -> AsyncIterator[str]:
 
 @pytest.fixture
 async def http(base_url: str) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=base_url) as client:
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as client:
         yield client
 
 
@@ -217,7 +217,7 @@ async def test_wrong_content_type_is_415(http: httpx.AsyncClient, sql_store: Sql
 
 async def test_token_guards_every_route_but_health(sql_store: SqlStore) -> None:
     async with serving(sql_store, token="s3cret") as url:
-        async with httpx.AsyncClient(base_url=url) as http:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
             assert (await http.get("/v1/agl/health")).status_code == 200
             assert (await http.get("/v1/agl/statistics")).status_code == 401
             assert (await http.get("/metrics")).status_code == 401

@@ -41,9 +41,9 @@ def test_the_page_runs_as_written_and_the_agent_and_its_tool_calls_are_recorded(
     calls = rows(store, "SELECT prompt_token_ids, response_token_ids, finish_reason, error FROM llm_calls_v")
     assert len(calls) == 8 and all(c["error"] is None for c in calls)
     assert all(json.loads(c["prompt_token_ids"]) and json.loads(c["response_token_ids"]) for c in calls)
-    assert {c["finish_reason"] for c in calls} <= {"tool_calls", "length"}
+    assert {c["finish_reason"] for c in calls} <= {"tool_calls", "length", "stop"}
     tool_calls = sum(c["finish_reason"] == "tool_calls" for c in calls)
-    assert tool_calls >= 1
+    assert tool_calls >= len(calls) / 2, calls  # "nearly all": stop and length are the exceptions
     spans = {r["name"]: r["n"] for r in rows(store, "SELECT name, count(*) AS n FROM spans GROUP BY name")}
     assert spans["calculator_agent.calculator"] == tool_calls and "execute_tool calculator" not in spans
     for span in rows(store, "SELECT attributes, status FROM spans WHERE name = 'calculator_agent.calculator'"):
@@ -60,4 +60,4 @@ def test_the_page_runs_as_written_and_the_agent_and_its_tool_calls_are_recorded(
     lines = [json.loads(line) for line in said("store train").splitlines() if line.startswith("{")]
     step = next(line for line in lines if line.get("event") == "step" and line["step"] == 1)
     assert lines[-1]["event"] == "summary" and lines[-1]["steps_run"] == 1
-    assert step["rollouts"] == 16 and step["transitions"] == 16
+    assert step["rollouts"] == 8 and step["transitions"] == 8  # --set tasks_per_step=2, 4 times each
