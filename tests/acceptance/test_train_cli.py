@@ -171,17 +171,22 @@ def test_bad_serving_or_trainer_options_are_refused_before_anything_starts(tmp_p
 @pytest.mark.skipif(not VLLM_PYTHON, reason="LIGHTNING_STORE_TEST_VLLM_PYTHON names no vLLM interpreter")
 def test_store_train_serves_the_policy_with_vllm(tmp_path: Path) -> None:
     """One GRPO step with vLLM serving the policy: the rollouts before the step and the evaluation after it are
-    answered by vLLM (token ids recorded by the proxy), and the step's weights are swapped into it."""
+    answered by vLLM (token ids recorded by the proxy), and the step's weights are swapped into it.
+
+    A step whose groups all scored alike trains nothing and swaps nothing in (vLLM's sampling is not seeded): with
+    groups of 2 that happened in CI (no ``vllm/v1``); groups of 8 make it very unlikely."""
     build_tool_namer(tmp_path / "model", steps=20, heads=2)
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TRAIN_TASKS[:2]))
     (tmp_path / "val.jsonl").write_text(json.dumps(VAL_TASKS[0]) + "\n")
-    (tmp_path / "grpo.yaml").write_text("tasks_per_step: 2\ngroup_size: 2\neval_repeats: 2\nlearning_rate: 1.0e-4\n")
+    (tmp_path / "grpo.yaml").write_text("tasks_per_step: 2\ngroup_size: 8\neval_repeats: 2\nlearning_rate: 1.0e-4\n")
     vllm = ["--policy-server", "vllm", "--vllm-args", "--dtype float32 --enforce-eager --max-model-len 512"]
     env = os.environ | {"LIGHTNING_STORE_VLLM_PYTHON": str(VLLM_PYTHON), "VLLM_CPU_KVCACHE_SPACE": "1"}
     env |= {"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
     result = store_train(tmp_path, 1, *vllm, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "run" / "step-1" / "config.json").exists()
+    [step] = [s for s in steps_of(result) if s["step"] == 1]
+    assert step.get("trained_transitions", 0) > 0, step  # else nothing was swapped in: see the docstring
     swapped = sorted(str(p.relative_to(tmp_path / "run")) for p in (tmp_path / "run" / "vllm").rglob("*.safetensors"))
     assert (tmp_path / "run" / "vllm" / "v1" / "model.safetensors").exists(), (swapped, result.stderr[-3000:])
     assert "vllm" in (tmp_path / "run" / "vllm" / "vllm.log").read_text().lower()
