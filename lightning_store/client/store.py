@@ -1,8 +1,11 @@
 """``HttpStore``: the store contract over HTTP, so that code takes "a store" and cannot tell which.
 
 Transport rules: one request per call (batch calls included); connection failures and 503 answers are retried
-with backoff — every request when the connection could not be opened (nothing was sent), and idempotent ones
-(reads, updates, span writes, enqueues) also when the answer was lost. An enqueue is made idempotent by naming
+with backoff — every request when the connection could not be opened (nothing was sent) or the 503 says nothing was
+written, and idempotent ones (reads, updates, span writes, enqueues) also when the answer was lost or the 503 says
+the write may have been done (``maybe_written``: the database went away during its commit). A non-idempotent
+request (start a rollout or an attempt, claim, add resources) is then not sent again: its 503 is raised, as
+``httpx.HTTPStatusError``, and the caller looks before it acts again. An enqueue is made idempotent by naming
 each rollout the caller did not name (:func:`retry_safe_id`). Long waits are split into
 long-polls of at most ``MAX_LONG_POLL_SECONDS``. Errors come back typed: 404 → ``NotFoundError``, 409 →
 ``ConflictError``, other 4xx → ``InvalidRequestError`` (401 → ``UnauthorizedError``), each with the server's
@@ -63,6 +66,16 @@ ANSWER_LOST = (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError)
 """The request may have reached the server: only an idempotent one is sent again."""
 
 
+def _maybe_written(answer: bytes) -> bool:
+    """Whether a 503 says the request's write may have been done (the database went away while it committed:
+    :mod:`lightning_store.sql.commit_mark`). A 503 without the key (a proxy in front of the server) did nothing."""
+    try:
+        body = json_loads(answer)
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("maybe_written") is True
+
+
 def retry_safe_id() -> str:
     """The id the client gives a rollout enqueued without one, so that sending the enqueue again is safe (an
     existing rollout of that id is returned unchanged). Longer than the server's ids (80 random bits against 48):
@@ -121,7 +134,7 @@ class HttpStore:
                 if last or not idempotent:
                     raise
                 continue
-            if status == 503 and not last:
+            if status == 503 and not last and (idempotent or not _maybe_written(answer)):
                 continue
             if status < 300:
                 return json_loads(answer)

@@ -54,6 +54,7 @@ from lightning_store.server.outage import unavailable_response
 from lightning_store.server.recorder import CallRecorder, RecordCounts
 from lightning_store.server.shutdown import CutOff, LongPolls
 from lightning_store.settings import ServerSettings
+from lightning_store.sql import commit_mark
 from lightning_store.sql.engine import unavailable_reason
 
 logger = logging.getLogger(__name__)
@@ -198,7 +199,7 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def unavailable(_: Request, exc: DatabaseUnavailableError) -> JSONResponse:
         # Not logged per request (an outage would flood the log): the watchdog logs one line per outage.
         logger.debug("answered 503: %s", exc)
-        return unavailable_response()
+        return unavailable_response(maybe_written=commit_mark.may_have_written())
 
     @app.exception_handler(ClientDisconnect)
     async def disconnected(request: Request, _: ClientDisconnect) -> Response:
@@ -212,7 +213,7 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def database_error(_: Request, exc: DBAPIError) -> JSONResponse:
         # The store raises outages as DatabaseUnavailableError; one that comes here another way is one still.
         if unavailable_reason(exc) is not None:
-            return unavailable_response()
+            return unavailable_response(maybe_written=commit_mark.may_have_written())
         logger.error("database error", exc_info=exc)
         return JSONResponse(
             {"detail": "internal server error", "field": None, "error_type": "DatabaseError"}, status_code=500

@@ -22,8 +22,9 @@ once and caches the result. The contract of the document it returns:
     protobuf or JSON) on every ``POST``: the guards check any request that carries a body;
   - 404 where a route looks up an id that must exist (:data:`NOT_FOUND`), 409 where an update is conditional
     (:data:`CONFLICT`);
-  - 503 (the database cannot be reached; retry, ``Retry-After``) on every operation that touches the
-    database: all but ``GET /metrics`` (``GET /v1/agl/health`` checks it);
+  - 503 (the database cannot be reached; retry, ``Retry-After``; ``maybe_written`` when a write may have
+    committed) on every operation that touches the database: all but ``GET /metrics`` (``GET /v1/agl/health``
+    checks it);
   - 502 and the upstream's own statuses on the LLM proxy routes, which forward to an upstream.
 
 - **Success bodies from the store's models** (serialization mode): ``Rollout``, ``AttemptedRollout``,

@@ -84,7 +84,8 @@ ERROR_DESCRIPTIONS = {
     "415": "The request carries a body whose content type is not accepted here.",
     "422": "Invalid input: the body, a parameter, the path or the query breaks the contract; `field` names it.",
     "502": "The LLM upstream cannot be reached, gave an answer that is not JSON, or none is configured.",
-    "503": "The database cannot be reached: nothing was done, retry.",
+    "503": "The database cannot be reached: retry. Nothing was done, unless `maybe_written` is true (the database "
+    "went away while the write committed): then retry only an idempotent request, or look first.",
 }
 
 

@@ -143,6 +143,11 @@ def model_schemas() -> tuple[dict[str, Schema], dict[str, Schema]]:
                 "description": "On a 422 from request validation: every problem found.",
                 "items": ref("ValidationProblem"),
             },
+            "maybe_written": {
+                "type": "boolean",
+                "description": "On a 503: true when the database went away while the request's write committed, "
+                "so it may have been done; send it again only if it is idempotent.",
+            },
         },
         "required": ["detail", "error_type"],
     }

@@ -14,7 +14,8 @@ up to 25 s. Now each runs inside :func:`lightning_store.waits.until` with an eve
 A claim under way is never interrupted (:mod:`lightning_store.waits`), so ending a long-poll loses no rollout.
 
 Other requests get ``SHUTDOWN_GRACE_SECONDS`` (``server/run.py``), after which uvicorn cancels them; one whose
-answer had not begun is then answered 503 (:class:`CutOff`), which clients retry, rather than uvicorn's 500.
+answer had not begun is then answered 503 (:class:`CutOff`), which clients retry, rather than uvicorn's 500; it
+says ``maybe_written`` when the request's write had sent its commit (:mod:`lightning_store.sql.commit_mark`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from fastapi import Request, Response
 
 from lightning_store import waits
 from lightning_store.server.guards import ASGIApp, Receive, Scope, Send
+from lightning_store.sql import commit_mark
 
 T = TypeVar("T")
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -134,23 +136,32 @@ async def _disconnected(request: Request, ended: asyncio.Event) -> None:
 
 class CutOff:
     """ASGI middleware: a request cancelled while the server shuts down (it outlived the grace period) is
-    answered 503 ``server shutting down, retry`` when its answer had not begun. Costs a ``try`` per request."""
+    answered 503 ``server shutting down, retry`` when its answer had not begun. Costs a ``try`` per request. Each
+    request gets its commit mark here, the outermost place that sees it whole."""
 
     def __init__(self, app: ASGIApp, polls: LongPolls) -> None:
         self.app = app
         self.polls = polls
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        mark = commit_mark.track()
         try:
             await self.app(scope, receive, send)
         except asyncio.CancelledError:
-            if scope["type"] != "http" or not self.polls.ending or not await _unavailable(send):
+            if scope["type"] != "http" or not self.polls.ending or not await _unavailable(send, mark.started):
                 raise
 
 
-async def _unavailable(send: Send) -> bool:
+async def _unavailable(send: Send, maybe_written: bool) -> bool:
     """Answer 503; False when that cannot be done (the answer had begun, or the connection is gone)."""
-    body = json.dumps({"detail": "server shutting down, retry", "field": None, "error_type": "Unavailable"})
+    body = json.dumps(
+        {
+            "detail": "server shutting down, retry",
+            "field": None,
+            "error_type": "Unavailable",
+            "maybe_written": maybe_written,
+        }
+    )
     headers = [(b"content-type", b"application/json"), (b"retry-after", b"1"), (b"connection", b"close")]
     try:
         await send({"type": "http.response.start", "status": 503, "headers": headers})

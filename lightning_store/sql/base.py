@@ -8,7 +8,9 @@ once held one for 200 ms). Postgres writes that wake waiters ``pg_notify`` insid
 other processes see the change only once it is committed.
 
 An error that says the database cannot be reached (refused, cut, timed out: :func:`engine.unavailable_reason`)
-leaves both as :class:`~lightning_store.errors.DatabaseUnavailableError`, whatever driver raised it.
+leaves both as :class:`~lightning_store.errors.DatabaseUnavailableError`, whatever driver raised it. A write marks
+its request once its commit is under way (:mod:`~lightning_store.sql.commit_mark`): an outage after that point may
+have left it done, and the server's 503 says so.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from lightning_store import waits
 from lightning_store.settings import StoreSettings
+from lightning_store.sql import commit_mark
 from lightning_store.sql.engine import STATEMENT_OPTION, WRITE_OPTION, is_sqlite, unavailable_as_error
 from lightning_store.sql.notify import TOPICS, Topic, notify_clause
 
@@ -98,6 +101,7 @@ class SqlBase:
         assert not self.is_sqlite, "SQLite's writes go through _write (one writer, BEGIN IMMEDIATE)"
         with unavailable_as_error():
             async with self._reader.connect() as conn:
+                commit_mark.committing()  # each statement commits as it runs
                 yield conn
 
     @contextlib.asynccontextmanager
@@ -113,6 +117,7 @@ class SqlBase:
                     if not self.is_sqlite:
                         for topic in sorted(wakeups.topics - wakeups.notified):
                             await conn.execute(notify_clause(topic))
+                    commit_mark.committing()  # from here an outage may leave it committed, unbeknown to us
         for topic in wakeups.topics:
             self.topics[topic].signal()
 

@@ -12,7 +12,8 @@ waits for nothing.
 A batch that fails is run again call by call, so an error reaches the call that caused it and no other. A batch
 runs in a task of its own: a caller cancelled while its batch runs leaves the others their answers (and its own
 items are written, as they would be by a transaction that had begun); a caller cancelled before its batch begins
-is taken out of the queue.
+is taken out of the queue. A batch whose commit was under way marks every caller's request
+(:mod:`~lightning_store.sql.commit_mark`): if the database went away then, each of them may have been written.
 """
 
 from __future__ import annotations
@@ -21,8 +22,13 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
+from lightning_store.sql import commit_mark
+from lightning_store.sql.commit_mark import CommitMark
+
 T = TypeVar("T")
 R = TypeVar("R")
+_Call = tuple[list[T], asyncio.Future[list[R]], CommitMark | None]
+"""A caller's items, the future of its answer, and its request's commit mark."""
 
 
 class Coalescer(Generic[T, R]):
@@ -32,12 +38,12 @@ class Coalescer(Generic[T, R]):
 
     def __init__(self, run: Callable[[list[T]], Awaitable[Sequence[R]]]) -> None:
         self._run = run
-        self._queued: list[tuple[list[T], asyncio.Future[list[R]]]] = []
+        self._queued: list[_Call[T, R]] = []
         self._lock = asyncio.Lock()
 
     async def __call__(self, items: Sequence[T]) -> list[R]:
         answer: asyncio.Future[list[R]] = asyncio.get_running_loop().create_future()
-        call = (list(items), answer)
+        call = (list(items), answer, commit_mark.current())
         self._queued.append(call)
         try:
             async with self._lock:
@@ -50,18 +56,27 @@ class Coalescer(Generic[T, R]):
             raise
         return answer.result()
 
-    async def _answer(self, calls: list[tuple[list[T], asyncio.Future[list[R]]]]) -> None:
+    async def _answer(self, calls: list[_Call[T, R]]) -> None:
+        batch = commit_mark.track()  # this task's own (ensure_future gave it a copy of one caller's context)
+        try:
+            await self._answer_calls(calls)
+        finally:
+            for *_, mark in calls:
+                if mark is not None and batch.started:
+                    mark.started = True
+
+    async def _answer_calls(self, calls: list[_Call[T, R]]) -> None:
         if len(calls) == 1:
-            await self._answer_alone(*calls[0])
+            await self._answer_alone(*calls[0][:2])
             return
         try:
-            results = await self._run([item for items, _ in calls for item in items])
+            results = await self._run([item for items, _, _ in calls for item in items])
         except Exception:
-            for items, answer in calls:
+            for items, answer, _ in calls:
                 await self._answer_alone(items, answer)
             return
         start = 0
-        for items, answer in calls:
+        for items, answer, _ in calls:
             _settle(answer, result=list(results[start : start + len(items)]))
             start += len(items)
 

@@ -33,7 +33,7 @@ class Network:
     """A TCP forwarder from a local port to ``target``: ``down()`` cuts every connection and refuses new ones (the
     port stops listening), ``up()`` listens again on the same port. ``stall()`` keeps every connection open but
     holds what is sent either way (new connections too) until ``resume()`` delivers it: a network that stops
-    answering without saying so."""
+    answering without saying so. ``cut_in_commit(after)`` cuts one connection in a transaction's commit."""
 
     def __init__(self, host: str, port: int) -> None:
         self.target = (host, port)
@@ -42,6 +42,16 @@ class Network:
         self._links: set[asyncio.StreamWriter] = set()
         self._flowing = asyncio.Event()
         self._flowing.set()
+        self._cut_after: bytes | None = None
+        self.cuts = 0
+        """How many connections ``cut_in_commit`` has cut."""
+
+    def cut_in_commit(self, after: bytes) -> None:
+        """Arm one cut: on the first connection that sends ``after`` (a statement's text) and then a ``COMMIT``, the
+        commit reaches the database, its answer is held back, and the connection is reset half a second later,
+        as when a database host goes away while the commit's answer is on its way: the write is done, and the
+        store cannot know it."""
+        self._cut_after = after
 
     def stall(self) -> None:
         self._flowing.clear()
@@ -71,16 +81,37 @@ class Network:
             client_writer.transport.abort()
             return
         self._links.update((client_writer, upstream_writer))
+        in_commit = False  # this link's commit was sent: the database's answers go nowhere until it is cut
+        after_seen = False
 
-        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async def cut() -> None:
+            await asyncio.sleep(0.5)
+            client_writer.transport.abort()
+            upstream_writer.transport.abort()
+
+        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, to_database: bool) -> None:
+            nonlocal in_commit, after_seen
             with contextlib.suppress(OSError):
                 while data := await reader.read(65536):
                     await self._flowing.wait()
+                    if to_database and self._cut_after is not None and not in_commit:
+                        after_seen = after_seen or self._cut_after in data
+                        if after_seen and b"COMMIT" in data:
+                            self._cut_after, in_commit = None, True
+                            self.cuts += 1
+                            writer.write(data)
+                            await cut()
+                            return
+                    if in_commit:
+                        continue
                     writer.write(data)
                     await writer.drain()
             writer.close()
 
-        await asyncio.gather(pipe(client_reader, upstream_writer), pipe(upstream_reader, client_writer))
+        await asyncio.gather(
+            pipe(client_reader, upstream_writer, to_database=True),
+            pipe(upstream_reader, client_writer, to_database=False),
+        )
         self._links.difference_update((client_writer, upstream_writer))
 
 
@@ -157,7 +188,12 @@ def empty_url(pg_templates: TemplateDatabases | None) -> Iterator[str]:
     asyncio.run(pg_templates.drop(url))
 
 
-UNAVAILABLE = {"detail": "database unavailable, retry", "field": None, "error_type": "Unavailable"}
+UNAVAILABLE = {
+    "detail": "database unavailable, retry",
+    "field": None,
+    "error_type": "Unavailable",
+    "maybe_written": False,
+}
 
 
 def data_requests(rollout_id: str, attempt_id: str) -> list[tuple[str, str, Any]]:
@@ -298,6 +334,49 @@ async def test_a_stalled_database_is_answered_503_within_the_deadline_and_nothin
         assert re.fullmatch(r"ro-[0-9a-f]{20}", second.rollout_id)  # named by the client: sent again, found again
     finally:
         network.resume()
+        await client.close()
+        await http.aclose()
+        status = await server.stop()
+        await network.down()
+    assert status in CLEAN_EXIT, server.log
+    assert "Traceback" not in server.log and " 500 " not in server.log, server.log
+
+
+@pytest.mark.postgres
+async def test_a_write_cut_off_in_its_commit_says_so_and_only_an_idempotent_one_is_sent_again(
+    postgres_url: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The database commits, and the answer to the commit never arrives. The 503 says the write may have been done
+    (``maybe_written``); ``HttpStore`` does not start the rollout a second time (it raises the 503: the caller looks
+    first), while an enqueue, idempotent by its rollout id, is sent again and found once."""
+    network, via_network = await network_to(postgres_url)
+    server = LoggedServer("--database-url", via_network, cwd=tmp_path, env={"LIGHTNING_STORE_WATCHDOG_INTERVAL": "0"})
+    http = httpx.AsyncClient(base_url=server.url, timeout=60)
+    client = HttpStore(server.url)
+    try:
+        await until(health_check(http, server), 30, "store serve answers its health route")
+
+        network.cut_in_commit(after=b"INSERT INTO rollouts")
+        with pytest.raises(httpx.HTTPStatusError) as refused:
+            await client.start_rollout({"q": "started"})
+        assert network.cuts == 1
+        assert refused.value.response.status_code == 503
+        assert refused.value.response.json() == {**UNAVAILABLE, "maybe_written": True}
+        assert [r.input for r in await client.query_rollouts()] == [{"q": "started"}]  # done once, not twice
+
+        network.cut_in_commit(after=b"INSERT INTO rollouts")
+        enqueued = await client.enqueue_rollout({"q": "enqueued"})
+        assert network.cuts == 2
+        stored = {r.rollout_id: r.input for r in await client.query_rollouts()}
+        assert sorted(map(str, stored.values())) == [str({"q": "enqueued"}), str({"q": "started"})], stored
+        assert stored[enqueued.rollout_id] == {"q": "enqueued"}
+
+        # A read or a write refused before its commit says so too: nothing was written, any request may be retried.
+        await network.down()
+        answer = await http.post("/v1/agl/rollouts", json={"input": {"q": "refused"}})
+        assert answer.status_code == 503 and answer.json() == UNAVAILABLE, answer.text
+    finally:
         await client.close()
         await http.aclose()
         status = await server.stop()

@@ -4,9 +4,11 @@ a cancelled caller costs the others nothing."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
+from lightning_store.sql import commit_mark
 from lightning_store.sql.coalesce import Coalescer
 
 
@@ -76,3 +78,29 @@ async def test_a_caller_cancelled_while_its_batch_runs_leaves_the_others_their_a
     assert await follower == [6]
     with pytest.raises(asyncio.CancelledError):
         await leader
+
+
+async def test_a_batch_that_began_to_commit_marks_every_request_it_served() -> None:
+    """Each caller is a request with its commit mark: a batch whose commit was under way when it failed may have
+    written every caller's items, so each caller's 503 must say so; a batch that never reached its commit marks
+    none."""
+
+    async def request(coalesced: Coalescer[int, int], item: int) -> bool:
+        mark = commit_mark.track()  # as the server does per request, in the request's own task
+        with contextlib.suppress(ValueError):
+            await coalesced([item])
+        return mark.started
+
+    async def fails_in_commit(items: list[int]) -> list[int]:
+        await asyncio.sleep(0.02)
+        commit_mark.committing()
+        raise ValueError("the database went away during the commit")
+
+    async def fails_before(items: list[int]) -> list[int]:
+        await asyncio.sleep(0.02)
+        raise ValueError("the database went away before the commit")
+
+    for run, marked in ((fails_in_commit, True), (fails_before, False)):
+        coalesced = Coalescer(run)
+        started = await asyncio.gather(*(asyncio.ensure_future(request(coalesced, item)) for item in range(4)))
+        assert started == [marked] * 4, run.__name__
