@@ -1,12 +1,12 @@
 """``HttpStore``: the store contract over HTTP, so that code takes "a store" and cannot tell which.
 
 Transport rules: one request per call (batch calls included); connection failures and 503 answers are retried
-with backoff — every request when the connection could not be opened (nothing was sent) or the 503 says nothing was
-written, and idempotent ones (reads, updates, span writes, enqueues) also when the answer was lost or the 503 says
-the write may have been done (``maybe_written``: the database went away during its commit). A non-idempotent
-request (start a rollout or an attempt, claim, add resources) is then not sent again: its 503 is raised, as
-``httpx.HTTPStatusError``, and the caller looks before it acts again. An enqueue is made idempotent by naming
-each rollout the caller did not name (:func:`retry_safe_id`). Long waits are split into
+with backoff — every request when the connection could not be opened (nothing was sent) or the 503 says nothing
+was written, and idempotent ones (reads, updates, span writes and sequence numbers, enqueues) also when the answer
+was lost or the 503 says the write may have been done (``maybe_written``: the database went away during its
+commit). A non-idempotent request (start a rollout or an attempt, claim, add resources) is then not sent again:
+its 503 is raised, as ``httpx.HTTPStatusError``, and the caller looks before it acts again. An enqueue is made
+idempotent by naming each rollout the caller did not name (:func:`retry_safe_id`). Long waits are split into
 long-polls of at most ``MAX_LONG_POLL_SECONDS``. Errors come back typed: 404 → ``NotFoundError``, 409 →
 ``ConflictError``, other 4xx → ``InvalidRequestError`` (401 → ``UnauthorizedError``), each with the server's
 ``field``. Failures to reach the server are httpx's (``httpx.TransportError``; a 5xx ``httpx.HTTPStatusError``).
@@ -451,14 +451,16 @@ class HttpStore:
         return await self.add_span(Span.from_opentelemetry(readable_span, rollout_id, attempt_id, sequence_id))
 
     async def get_next_span_sequence_id(self, rollout_id: str, attempt_id: str) -> int:
-        data = await self._call("POST", "/v1/agl/spans/next", json={"rollout_id": rollout_id, "attempt_id": attempt_id})
+        # Safe to send again: a number taken twice leaves a gap in a counter that is increasing, not dense.
+        body = {"rollout_id": rollout_id, "attempt_id": attempt_id}
+        data = await self._call("POST", "/v1/agl/spans/next", json=body, idempotent=True)
         return int(data["sequence_id"])
 
     async def get_many_span_sequence_ids(self, rollout_attempt_ids: Sequence[tuple[str, str]]) -> Sequence[int]:
         if not rollout_attempt_ids:
             return []
         pairs = [{"rollout_id": r, "attempt_id": a} for r, a in rollout_attempt_ids]
-        data = await self._call("POST", "/v1/agl/spans/next/batch", json={"pairs": pairs})
+        data = await self._call("POST", "/v1/agl/spans/next/batch", json={"pairs": pairs}, idempotent=True)
         return [int(n) for n in data["sequence_ids"]]
 
     async def query_spans(
