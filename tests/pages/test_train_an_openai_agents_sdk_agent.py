@@ -49,11 +49,13 @@ def test_the_page_runs_as_written_and_the_agent_and_its_tool_calls_are_recorded(
     assert spans["turn"] == spans["generation"] == len(calls) >= 6
     assert all(json.loads(c["prompt_token_ids"]) and json.loads(c["response_token_ids"]) for c in calls)
     assert all(c["error"] is None for c in calls)
-    # The required first search of each rollout is a tool-calling answer (or cut off by the token cap), recorded
-    # with its token ids, and every search the SDK ran is a tool span with the model's query and the documents.
+    # The required first search of each rollout is in most rollouts a tool-calling answer (else cut off by the token
+    # cap, or text that did not parse as a call after the forced start: "stop"), recorded with its token ids, and
+    # every search the SDK ran is a tool span with the model's query and the documents.
     first = {c["rollout_id"]: c["finish_reason"] for c in reversed(calls)}
     rollouts = set(first)
-    assert len(first) == 8 and set(first.values()) <= {"tool_calls", "length"}, first
+    assert len(first) == 8 and set(first.values()) <= {"tool_calls", "length", "stop"}, first
+    assert sum(reason == "tool_calls" for reason in first.values()) > len(first) / 2, first  # "in most rollouts"
     tool_answers = sum(c["finish_reason"] == "tool_calls" for c in calls)
     assert spans["search"] >= tool_answers >= 1
     for span in rows(store, "SELECT attributes FROM spans WHERE name = 'search'"):
