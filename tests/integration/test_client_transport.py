@@ -21,6 +21,7 @@ Answer = Callable[[int], tuple[int, dict[str, Any]] | None]
 """The n-th request's (status, JSON body), or None to close the connection without answering."""
 
 STATISTICS = {"rollouts": 0, "attempts": 0, "spans": 0}
+RESOURCES = {"resources_id": "rs-1", "create_time": 1.0, "update_time": 1.0, "version": 1, "resources": {}}
 
 
 class Server:
@@ -97,20 +98,45 @@ async def test_an_idempotent_request_whose_answer_was_lost_is_sent_again(client:
 
 async def test_a_request_that_is_not_idempotent_is_not_sent_twice(client: tuple[HttpStore, int]) -> None:
     store, port = client
-    async with serving(lambda n: None if n == 1 else (200, {"sequence_id": 1}), port) as server:
+    async with serving(lambda n: None if n == 1 else (200, RESOURCES), port) as server:
         await asyncio.sleep(0.05)
         with pytest.raises(httpx.RemoteProtocolError):  # closed before answering: the request may have landed
-            await store.get_next_span_sequence_id("ro-1", "at-1")
-    assert server.requests == ["/v1/agl/spans/next"]
+            await store.add_resources({})
+    assert server.requests == ["/v1/agl/resources"]
 
 
 async def test_a_server_not_listening_yet_is_waited_for(client: tuple[HttpStore, int]) -> None:
     """Nothing was sent while the connection was refused, so even a request that is not idempotent goes out
     once the server listens, exactly once."""
     store, port = client
-    async with serving(lambda n: (200, {"sequence_id": 7}), port, after=0.3) as server:
-        assert await store.get_next_span_sequence_id("ro-1", "at-1") == 7
-    assert server.requests == ["/v1/agl/spans/next"]
+    async with serving(lambda n: (200, RESOURCES), port, after=0.3) as server:
+        assert (await store.add_resources({})).resources_id == "rs-1"
+    assert server.requests == ["/v1/agl/resources"]
+
+
+@pytest.mark.parametrize(
+    ("maybe_written", "sent"),
+    [(False, ["/v1/agl/resources"] * 2), (True, ["/v1/agl/resources"])],
+)
+async def test_a_503_that_may_have_written_is_not_sent_again_unless_idempotent(
+    client: tuple[HttpStore, int], maybe_written: bool, sent: list[str]
+) -> None:
+    """A 503 whose write may have been done (the database went away during its commit) is raised for a request
+    that is not idempotent, and retried for one that is; one that says nothing was written is retried either way."""
+    store, port = client
+    unavailable = {"detail": "database unavailable, retry", "error_type": "Unavailable", "maybe_written": maybe_written}
+    refused_at = (1, len(sent) + 1)  # the first request, and the read's first sending
+    async with serving(lambda n: (503, unavailable) if n in refused_at else (200, RESOURCES), port) as server:
+        await asyncio.sleep(0.05)
+        if maybe_written:
+            with pytest.raises(httpx.HTTPStatusError) as refused:
+                await store.add_resources({})
+            assert refused.value.response.status_code == 503
+        else:
+            assert (await store.add_resources({})).resources_id == "rs-1"
+        assert server.requests == sent
+        await store.get_resources_by_id("rs-1")  # idempotent: sent again after the 503 whatever it says
+    assert server.requests == [*sent, "/v1/agl/resources/rs-1", "/v1/agl/resources/rs-1"]
 
 
 async def test_503_is_retried_and_other_answers_keep_their_meaning(client: tuple[HttpStore, int]) -> None:
