@@ -61,9 +61,10 @@ class Coalescer(Generic[T, R]):
         try:
             await self._answer_calls(calls)
         finally:
-            for *_, mark in calls:
-                if mark is not None and batch.started:
-                    mark.started = True
+            if batch.started:
+                for *_, mark in calls:
+                    if mark is not None:
+                        mark.started = True
 
     async def _answer_calls(self, calls: list[_Call[T, R]]) -> None:
         if len(calls) == 1:
