@@ -220,6 +220,14 @@ def train(
             show_default=False,
         ),
     ] = None,
+    policy_host: Annotated[
+        str | None,
+        typer.Option(
+            help="Address the policy server listens on and the store's proxy calls it at: one of this machine's "
+            "that the --store servers reach, when they run elsewhere \\[default: 127.0.0.1].",
+            show_default=False,
+        ),
+    ] = None,
     trainer: Annotated[
         str | None, typer.Option(help="torch (in this process, the default) or deepspeed.", show_default=False)
     ] = None,
@@ -285,7 +293,15 @@ def train(
                 f"{algorithm} trains a model: give its directory (transformers format)", param_hint="--model"
             )
         serving, training = _policy_settings(
-            policy_server, vllm_python, vllm_args, decode_threads, trainer, processes, zero_stage, deepspeed_config
+            policy_server,
+            vllm_python,
+            vllm_args,
+            decode_threads,
+            policy_host,
+            trainer,
+            processes,
+            zero_stage,
+            deepspeed_config,
         )
     elif model is not None:
         console.print(f"[yellow]{algorithm} trains no model: --model is not used[/yellow]")
@@ -352,6 +368,7 @@ def _policy_settings(
     vllm_python: str | None,
     vllm_args: str | None,
     decode_threads: int | None,
+    policy_host: str | None,
     trainer: str | None,
     processes: int | None,
     zero_stage: int | None,
@@ -360,10 +377,15 @@ def _policy_settings(
     """The policy server's and the trainer's settings (argument, else environment, else default), checked."""
     try:
         serving = load_policy_server_settings(
-            policy_server=policy_server, vllm_python=vllm_python, vllm_args=vllm_args, decode_threads=decode_threads
+            policy_server=policy_server,
+            vllm_python=vllm_python,
+            vllm_args=vllm_args,
+            decode_threads=decode_threads,
+            policy_host=policy_host,
         )
     except ValidationError as error:
-        raise typer.BadParameter(str(error), param_hint="--policy-server") from None
+        hint = "--policy-host" if any(e["loc"] == ("policy_host",) for e in error.errors()) else "--policy-server"
+        raise typer.BadParameter(str(error), param_hint=hint) from None
     try:
         training = load_trainer_settings(
             trainer=trainer,

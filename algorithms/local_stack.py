@@ -35,10 +35,11 @@ class ProcessFailed(RuntimeError):
     """A stack process exited or never answered; the message ends with the tail of its log."""
 
 
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port of ``host`` that nothing listens on now."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
+        probe.bind((host.strip("[]"), 0))
         port: int = probe.getsockname()[1]
         return port
 

@@ -392,7 +392,10 @@ def served_policy(settings: PolicyServerSettings, model: Path, output: Path, lev
 
     quiet_transformers(level)
     if settings.policy_server == "transformers":
-        with LocalPolicy(model, model_name=model.name, decode_threads=settings.decode_threads) as local:
+        local_policy = LocalPolicy(
+            model, model_name=model.name, decode_threads=settings.decode_threads, host=settings.policy_host
+        )
+        with local_policy as local:
             yield local
         return
     from algorithms.serving.vllm import VllmPolicy
@@ -403,6 +406,7 @@ def served_policy(settings: PolicyServerSettings, model: Path, output: Path, lev
         python=settings.vllm_python,
         work_dir=output / "vllm",
         model_name=model.name,
+        host=settings.policy_host,
         swap=settings.vllm_swap,
         extra_args=shlex.split(settings.vllm_args),
     )

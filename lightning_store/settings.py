@@ -133,11 +133,24 @@ class PolicyServerSettings(BaseSettings):
         ge=1,
         description="Intra-op threads the transformers server decodes with (default: every core).",
     )
+    policy_host: str = Field(
+        default="127.0.0.1",
+        description="The address the policy server listens on, which the store's proxy is told to call it at: an "
+        "address of this machine that the store servers reach when they run on other machines.",
+    )
     vllm_python: str | None = Field(default=None, description="The Python interpreter of the virtualenv with vLLM.")
     vllm_args: str = Field(default="", description="Extra arguments of the vLLM server (split like a shell does).")
     vllm_swap: Literal["auto", "reload", "restart"] = Field(
         default="auto", description="How vLLM takes a new policy version: auto (reload on CUDA, else restart)."
     )
+
+    @field_validator("policy_host")
+    @classmethod
+    def _callable_host(cls, host: str) -> str:
+        # The address is also the one the proxy is given: a wildcard can be listened on but not called.
+        if host.strip("[]") in ("", "0.0.0.0", "::"):
+            raise ValueError("give an address the store servers can call (not a wildcard such as 0.0.0.0)")
+        return host
 
 
 def load_policy_server_settings(**overrides: Any) -> PolicyServerSettings:

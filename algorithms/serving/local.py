@@ -1,7 +1,8 @@
 """A policy server in the trainer's process: the trainer hands it new weights in memory after each update.
 
-It runs :class:`PolicyServer` under uvicorn in a background thread on 127.0.0.1, so the runners' agents reach
-it over HTTP (through the store's LLM proxy) exactly as they would reach vLLM, while a weight swap costs a
+It runs :class:`PolicyServer` under uvicorn in a background thread on ``host`` (127.0.0.1 unless the store servers
+run on other machines), so the runners' agents reach it over HTTP (through the store's LLM proxy) exactly as they
+would reach vLLM, while a weight swap costs a
 ``load_state_dict`` instead of a checkpoint round trip.
 """
 
@@ -32,19 +33,22 @@ class LocalPolicy:
         port: int | None = None,
         max_batch_size: int = 64,
         decode_threads: int | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         self.server = PolicyServer(
             model_dir, model_name=model_name, max_batch_size=max_batch_size, decode_threads=decode_threads
         )
-        self.port = port or free_port()
+        self.host = host
+        self.port = port or free_port(host)
         self._uvicorn = uvicorn.Server(
-            uvicorn.Config(self.server.app(), host="127.0.0.1", port=self.port, log_level="warning")
+            uvicorn.Config(self.server.app(), host=host, port=self.port, log_level="warning")
         )
         self._thread = threading.Thread(target=self._uvicorn.run, name="policy-server", daemon=True)
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"
 
     def start(self, timeout: float = 30.0) -> LocalPolicy:
         self._thread.start()

@@ -78,7 +78,8 @@ class VllmPolicy:
         self.port = port or free_port()
         self.host = host
         self._local_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # where this process calls it
-        self.swap = _resolve(swap)
+        # reload needs the development routes, which are opened on a loopback host only
+        self.swap = _resolve(swap) if swap != "auto" or _is_loopback(host) else "restart"
         self.extra_args = list(extra_args)
         self.startup_timeout = startup_timeout
         self.served_dir = self.model_dir

@@ -21,11 +21,19 @@ Each record stands or falls alone: a batch that fails for any reason but an outa
 at a time, so one record the store refuses costs no other (and a record whose build raises, a bug, is logged
 and dropped before the batch is written). :class:`RecordCounts` counts what was written, what of it is not
 trainable, and what was lost, for ``/metrics``.
+
+An outage loses nothing it outlasts: the agents have their answers and the records exist only here, so a batch
+the database could not take is written again (after 0.1 s, then longer, up to 2 s apart) for ``patience``
+seconds (a Postgres restart takes a second or two, a failover tens) before it counts as lost. The attempts'
+ends wait for it, as above. Only :meth:`CallRecorder.close` (the server stopping) cuts the patience short: a
+server stops within its bound, and what it could not write is logged and counted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -39,6 +47,10 @@ from lightning_store.llm_calls import LlmCall, numbered_calls
 from lightning_store.spans import Span
 
 logger = logging.getLogger(__name__)
+RETRY_DELAYS = (0.1, 0.25, 0.5, 1.0, 2.0)
+"""Seconds between the writes of a batch the database could not take; the last repeats."""
+PATIENCE = 60.0
+"""How long a batch is tried again while the database is unavailable before it counts as lost."""
 MAX_BATCH = 256
 """Records that end a window early: a batch is one transaction, and the records wait in memory until it commits."""
 
@@ -83,11 +95,21 @@ class RecordCounts:
 class CallRecorder:
     """Queues :class:`CallRecord` values and writes them to ``store`` in batches (see the module docstring)."""
 
-    def __init__(self, store: LightningStore, *, window: float = 0.0, counts: RecordCounts | None = None) -> None:
+    def __init__(
+        self,
+        store: LightningStore,
+        *,
+        window: float = 0.0,
+        counts: RecordCounts | None = None,
+        patience: float = PATIENCE,
+    ) -> None:
         self.store = store
         self.window = window
-        self.counts = counts if counts is not None else RecordCounts()
         """Seconds a batch gathers records before it is written."""
+        self.counts = counts if counts is not None else RecordCounts()
+        self.patience = patience
+        """Seconds a batch is tried again while the database is unavailable."""
+        self._closing = asyncio.Event()
         self._queue: list[CallRecord] = []
         self._hurried = False
         self._gathering: asyncio.Future[None] | None = None
@@ -113,7 +135,8 @@ class CallRecorder:
             await self._written.wait_for(lambda: self._unwritten[attempt_id] == 0)
 
     async def close(self) -> None:
-        """Write what is queued, at once."""
+        """Write what is queued, at once; a batch waiting for the database gets one more try, not its patience."""
+        self._closing.set()
         self._hurry()
         while self._writer is not None and not self._writer.done():
             await asyncio.gather(self._writer, return_exceptions=True)
@@ -124,7 +147,7 @@ class CallRecorder:
             batch, self._queue, self._hurried = self._queue, [], False
             built = [one for one in map(self._built, batch) if one is not None]
             try:
-                await self._write(built)
+                await self._write_through_outage(built)
             except DatabaseUnavailableError as exc:
                 self.counts.lost += len(built)
                 logger.warning("could not record %d LLM calls: %s", len(built), exc)  # no traceback for an outage
@@ -138,6 +161,27 @@ class CallRecorder:
                     self._unwritten.subtract(record.attempt_id for record in batch)
                     self._unwritten += Counter()  # drops the attempts at zero
                     self._written.notify_all()
+
+    async def _write_through_outage(self, batch: Sequence[_Built]) -> None:
+        """:meth:`_write`, tried again while the database is unavailable, for ``patience`` seconds or until
+        :meth:`close`; then the outage is raised."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.patience
+        for tries in itertools.count():
+            try:
+                await self._write(batch)
+            except DatabaseUnavailableError as exc:
+                delay = RETRY_DELAYS[min(tries, len(RETRY_DELAYS) - 1)]
+                if self._closing.is_set() or loop.time() + delay > deadline:
+                    raise
+                if tries == 0:
+                    logger.warning("%d LLM-call records wait for the database: %s", len(batch), exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._closing.wait(), delay)  # a stop cuts the wait short
+            else:
+                if tries:
+                    logger.info("recorded %d LLM calls after %d tries", len(batch), tries + 1)
+                return
 
     async def _gather(self) -> None:
         """Wait for the window to close, or for :meth:`_hurry`."""

@@ -164,6 +164,8 @@ def test_bad_serving_or_trainer_options_are_refused_before_anything_starts(tmp_p
     assert result.returncode != 0 and "deepspeed_zero_stage" in result.stderr
     result = store_train(tmp_path, 1, "--trainer", "megatron", env=env)
     assert result.returncode != 0 and "trainer" in result.stderr
+    result = store_train(tmp_path, 1, "--policy-host", "0.0.0.0", env=env)  # can be listened on, not called
+    assert result.returncode != 0 and "--policy-host" in result.stderr and "wildcard" in result.stderr
     assert not (tmp_path / "run").exists()
 
 
