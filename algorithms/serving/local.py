@@ -2,8 +2,7 @@
 
 It runs :class:`PolicyServer` under uvicorn in a background thread on ``host`` (127.0.0.1 unless the store servers
 run on other machines), so the runners' agents reach it over HTTP (through the store's LLM proxy) exactly as they
-would reach vLLM, while a weight swap costs a
-``load_state_dict`` instead of a checkpoint round trip.
+would reach vLLM, while a weight swap costs a ``load_state_dict`` instead of a checkpoint round trip.
 """
 
 from __future__ import annotations
