@@ -177,7 +177,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: not item.nodeid.startswith(PAGES))  # stable: the rest keeps its order
     if os.environ.get("LIGHTNING_STORE_TEST_LONG") == "1":
         return
-    skip = pytest.mark.skip(reason="a long learning test: set LIGHTNING_STORE_TEST_LONG=1 to run it")
+    skip = pytest.mark.skip(
+        reason="a long test (a learning run, or each fault of the cluster): set LIGHTNING_STORE_TEST_LONG=1 to run it"
+    )
     for item in items:
         if "long" in item.keywords:
             item.add_marker(skip)

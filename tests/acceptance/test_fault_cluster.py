@@ -45,7 +45,7 @@ def test_a_training_run_survives_faults_across_hosts(model: Path, tmp_path: Path
         FAULTS["Postgres restarted"],
         FAULTS["server partitioned from Postgres"],
     ]
-    result = run_scenario(faults, model, tmp_path / "logs", steps=12)
+    result = run_scenario(faults, model, tmp_path / "logs", steps=24)
     assert_held(result, tmp_path / "logs")
     assert result["given_up"] >= 1, "the vanished runner host left no attempt to give up: it was not mid-attempt"
 
