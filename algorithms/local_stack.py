@@ -44,6 +44,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+def url_host(host: str) -> str:
+    """``host`` as it goes in a URL (an IPv6 address in brackets)."""
+    return f"[{host}]" if ":" in host else host
+
+
 def store_command() -> list[str]:
     """The ``store`` CLI of this interpreter's environment (the module form where no script is installed)."""
     script = shutil.which("store", path=str(Path(sys.executable).parent))

@@ -5,6 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from sqlalchemy.engine import make_url
+
+from tests.postgres import admin_url
+
 
 class Network:
     """A TCP forwarder from a local port to ``target``: ``down()`` cuts every connection and refuses new ones (the
@@ -90,3 +94,11 @@ class Network:
             pipe(upstream_reader, client_writer, to_database=False),
         )
         self._links.difference_update((client_writer, upstream_writer))
+
+
+async def network_to(database_url: str) -> tuple[Network, str]:
+    """A :class:`Network` (up) to the test's Postgres server, and ``database_url`` rewritten to go through it."""
+    target = admin_url()
+    network = Network(target.host or "127.0.0.1", target.port or 5432)
+    await network.up()
+    return network, make_url(database_url).set(port=network.port).render_as_string(hide_password=False)

@@ -15,7 +15,7 @@ from typing import Any
 
 import uvicorn
 
-from algorithms.local_stack import free_port
+from algorithms.local_stack import free_port, url_host
 from algorithms.serving.policy_server import PolicyServer
 from lightning_store.resources import LLM
 
@@ -46,8 +46,7 @@ class LocalPolicy:
 
     @property
     def base_url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/v1"
+        return f"http://{url_host(self.host)}:{self.port}/v1"
 
     def start(self, timeout: float = 30.0) -> LocalPolicy:
         self._thread.start()

@@ -27,6 +27,7 @@ import typer
 from pydantic import ValidationError
 
 from algorithms.extras import needs_train_extra
+from algorithms.local_stack import url_host
 from lightning_store import aio
 from lightning_store.settings import PolicyServerSettings, load_policy_server_settings
 
@@ -208,7 +209,7 @@ def _vllm(
         vllm.stop()
         raise
     try:
-        yield f"http://{_url_host(host)}:{vllm.port}/v1", vllm.running
+        yield f"http://{url_host(host)}:{vllm.port}/v1", vllm.running
     finally:
         vllm.stop()
 
@@ -223,11 +224,7 @@ def _stop_on_signals() -> threading.Event:
 
 def _base_url(listening: socket.socket) -> str:
     host, port = listening.getsockname()[:2]
-    return f"http://{_url_host(host)}:{port}/v1"
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
+    return f"http://{url_host(host)}:{port}/v1"
 
 
 def _fail(line: str, code: int = 2) -> NoReturn:

@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 import httpx
 
-from algorithms.local_stack import free_port, log_tail, terminate
+from algorithms.local_stack import free_port, log_tail, terminate, url_host
 from lightning_store.resources import LLM
 
 Swap = Literal["auto", "reload", "restart"]
@@ -88,7 +88,7 @@ class VllmPolicy:
 
     @property
     def base_url(self) -> str:
-        return f"http://{_url_host(self._local_host)}:{self.port}/v1"
+        return f"http://{url_host(self._local_host)}:{self.port}/v1"
 
     def start(self) -> VllmPolicy:
         """Starts vLLM on the current checkpoint and returns once it answers (raises :class:`VllmFailed`)."""
@@ -154,7 +154,7 @@ class VllmPolicy:
             shutil.rmtree(previous, ignore_errors=True)
 
     def _post(self, path: str, body: dict[str, Any] | None) -> None:
-        url = f"http://{_url_host(self._local_host)}:{self.port}{path}"
+        url = f"http://{url_host(self._local_host)}:{self.port}{path}"
         response = httpx.post(url, json=body, timeout=self.startup_timeout)
         if response.status_code >= 400:
             refusal = f"vLLM refused {path} ({response.status_code}): {response.text[:500]}"
@@ -167,7 +167,7 @@ class VllmPolicy:
                 code = None if self._process is None else self._process.returncode
                 raise VllmFailed(f"vLLM exited with {code}:\n{log_tail(self.log, 40)}")
             try:
-                if httpx.get(f"http://{_url_host(self._local_host)}:{self.port}/health", timeout=2).status_code == 200:
+                if httpx.get(f"http://{url_host(self._local_host)}:{self.port}/health", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -189,11 +189,6 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def _url_host(host: str) -> str:
-    """``host`` as it goes in a URL (an IPv6 address in brackets)."""
-    return f"[{host}]" if ":" in host else host
 
 
 def _resolve(swap: Swap) -> Literal["reload", "restart"]:

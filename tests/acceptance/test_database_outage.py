@@ -26,8 +26,8 @@ from lightning_store.migrate import head_revision
 from lightning_store.spans import Span
 from tests.acceptance.test_cli import store_command
 from tests.acceptance.test_serve import CLEAN_EXIT, clean_env, free_port, postgres_url  # noqa: F401
-from tests.network import Network
-from tests.postgres import TemplateDatabases, admin_url
+from tests.network import Network, network_to
+from tests.postgres import TemplateDatabases
 
 
 class LoggedServer:
@@ -62,14 +62,6 @@ class LoggedServer:
             raise
         finally:
             self._log.close()
-
-
-async def network_to(database_url: str) -> tuple[Network, str]:
-    """A :class:`Network` (up) to the test's Postgres server, and ``database_url`` rewritten to go through it."""
-    target = admin_url()
-    network = Network(target.host or "127.0.0.1", target.port or 5432)
-    await network.up()
-    return network, make_url(database_url).set(port=network.port).render_as_string(hide_password=False)
 
 
 @contextlib.asynccontextmanager

@@ -67,13 +67,10 @@ async def audit(url: str, acks: list[dict[str, str]], steps: int, slack: float) 
         missing_spans = spans - {(row["rollout_id"], row["span_id"]) for row in stored}
         overlaps = await conn.fetch(OVERLAPS)
         too_many = await conn.fetch(TOO_MANY)
-        attempts = await conn.fetchval(
-            "SELECT count(*) FROM attempts_v a JOIN rollouts_v r USING (rollout_id) "
+        attempts, retried = await conn.fetchrow(
+            "SELECT count(*), count(*) FILTER (WHERE a.status IN ('timeout', 'unresponsive')) "
+            "FROM attempts_v a JOIN rollouts_v r USING (rollout_id) "
             "WHERE r.config::jsonb ->> 'timeout_seconds' IS NOT NULL"
-        )
-        retried = await conn.fetchval(
-            "SELECT count(*) FROM attempts_v a JOIN rollouts_v r USING (rollout_id) "
-            "WHERE r.config::jsonb ->> 'timeout_seconds' IS NOT NULL AND a.status IN ('timeout', 'unresponsive')"
         )
         late = await conn.fetch(LATE, slack)
         reached = await conn.fetchval("SELECT max(step) FROM training_steps_v")

@@ -6,14 +6,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sqlalchemy.engine import make_url
 
 from lightning_store.models import AttemptedRollout
 from lightning_store.server.recorder import CallRecorder
 from lightning_store.sql import open_store
 from tests.integration.test_call_recorder import record
-from tests.network import Network
-from tests.postgres import admin_url
+from tests.network import network_to
 
 pytestmark = pytest.mark.parametrize(
     "database_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
@@ -21,10 +19,7 @@ pytestmark = pytest.mark.parametrize(
 
 
 async def test_records_made_during_an_outage_are_written_when_the_database_is_back(database_url: str) -> None:
-    target = admin_url()
-    network = Network(target.host or "127.0.0.1", target.port or 5432)
-    await network.up()
-    url = make_url(database_url).set(port=network.port).render_as_string(hide_password=False)
+    network, url = await network_to(database_url)
     store = await open_store(url, watchdog_interval=0)
     try:
         rollout: AttemptedRollout = await store.start_rollout({"i": 1})
