@@ -93,6 +93,7 @@ def _convert_into_cache() -> None:
     with tempfile.TemporaryDirectory(dir=CONVERTED.parent, prefix=".conv-", ignore_cleanup_errors=True) as building:
         model.save_pretrained(building)
         AutoTokenizer.from_pretrained(folder, gguf_file=GGUF).save_pretrained(building)
+        Path(building).chmod(0o755)  # mkdtemp's 0700 would carry into every copy
         try:
             Path(building).rename(CONVERTED)
         except OSError:  # another run renamed its copy first (the target exists and is not empty)
