@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from bench.harness import report_runs
 from bench.smollm2 import convert
 
 ROOT = Path(__file__).parents[1]
@@ -71,9 +71,7 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=None, help="where the runs are kept (default: a temp dir)")
     args = parser.parse_args()
     work = args.output or Path(tempfile.mkdtemp(prefix="framework-agents-"))
-    model = work / "smollm2-135m"
-    if not model.exists():
-        convert(model)
+    model = convert(work / "smollm2-135m")
     results = []
     print(f"{'example':8} {'seed':>4} {'val before':>10} {'val after':>9} {'untrained':>9} {'wall (s)':>9}")
     for name in args.examples:
@@ -86,9 +84,7 @@ def main() -> None:
                 f"{result.get('untrained_steps', 0):>9} {result['wall_seconds']:>9.0f}",
                 flush=True,
             )
-    for result in results:
-        print(json.dumps(result))
-    print(f"runs kept in {work}", file=sys.stderr)
+    report_runs(results, work)
 
 
 if __name__ == "__main__":

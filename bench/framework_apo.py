@@ -18,7 +18,6 @@ candidate, the rollouts and optimizer calls spent, and the wall time; then one J
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -28,7 +27,7 @@ from typing import Any
 import yaml
 
 from algorithms.local_stack import free_port
-from bench.harness import child, wait_http
+from bench.harness import child, report_runs, wait_http
 from bench.smollm2 import convert
 from lightning_store.resources import LLM
 from tests.acceptance.test_apo import runs, stack, store_train, summary_of
@@ -117,9 +116,7 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=None, help="where the runs are kept (default: a temp dir)")
     args = parser.parse_args()
     work = args.output or Path(tempfile.mkdtemp(prefix="framework-apo-"))
-    model = work / "smollm2-135m"
-    if not model.exists():
-        convert(model)
+    model = convert(work / "smollm2-135m")
     port = free_port()
     results = []
     with child(["store", "policy", "serve", str(model), "--port", str(port)], work / "policy.log") as server:
@@ -138,9 +135,7 @@ def main() -> None:
                         f"{result['wall_seconds']:>8.0f}",
                         flush=True,
                     )
-    for result in results:
-        print(json.dumps(result))
-    print(f"runs kept in {work}", file=sys.stderr)
+    report_runs(results, work)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import math
 import os
 import shutil
@@ -22,7 +23,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,14 @@ AGL_LAUNCHER = "import sys; from agentlightning.cli import main; sys.argv[0] = '
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def report_runs(results: Sequence[Mapping[str, Any]], work: Path) -> None:
+    """After a benchmark's table: one JSON line per run on stdout (for docs/benchmarks.md and scripts), then where
+    the runs' folders are kept, on stderr."""
+    for result in results:
+        print(json.dumps(result))
+    print(f"runs kept in {work}", file=sys.stderr)
 
 
 def nearest_rank(values: Sequence[float], q: float) -> float:
