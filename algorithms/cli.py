@@ -10,6 +10,7 @@ This module imports without torch (what needs it is imported inside the commands
 plain install: what needs the ``train`` extra is the algorithm, not the command. ``store algorithms list`` shows
 an algorithm that cannot run here with the install hint as its summary; ``store train`` with one prints the hint
 and exits 2 (:mod:`algorithms.extras`), while an algorithm that trains no weights (APO) runs.
+(Just past 400 lines: most of it is ``store train``'s option declarations, one per documented flag.)
 """
 
 from __future__ import annotations
