@@ -31,16 +31,14 @@ from bench.harness import child, report_runs, wait_http
 from bench.smollm2 import convert
 from lightning_store.resources import LLM
 from tests.acceptance.test_apo import runs, stack, store_train, summary_of
+from tests.acceptance.test_framework_agents_apo import CASES
 from tests.scripted_optimizer import OPTIMIZER_MODEL, create_app
 
 ROOT = Path(__file__).parents[1]
 CALC = "You solve arithmetic word problems. Call the calculator with the expression that answers the problem"
-EXAMPLES: dict[str, tuple[str, str, str]] = {
-    # name: (folder, entry point, template name); the seed text is the agent's own default prompt
-    "sql": ("sql_agent", "examples.sql_agent.agent:sql_agent", "write_system"),
-    "rag": ("rag_agent", "examples.rag_agent.agent:rag_agent", "instructions"),
-    "calc": ("calc_agent", "examples.calc_agent.agent:calc_agent", "system_message"),
-}
+EXAMPLES = {"sql": "sql_agent", "rag": "rag_agent", "calc": "calc_agent"}
+"""Short name -> example folder, whose entry point, prompt template, seed text and LLM settings are the APO test's
+(:data:`tests.acceptance.test_framework_agents_apo.CASES`)."""
 PROPOSALS: dict[str, list[str]] = {
     "sql": [
         "You are a SQLite expert. Write one SQLite query for the question, using only the tables and columns of the "
@@ -62,18 +60,10 @@ PROPOSALS: dict[str, list[str]] = {
 }
 
 
-def seed_text(name: str) -> str:
-    """The agent's own prompt, which the run starts from."""
-    from examples.calc_agent.agent import SYSTEM_MESSAGE
-    from examples.rag_agent.agent import INSTRUCTIONS
-    from examples.sql_agent.agent import WRITE_SYSTEM
-
-    return {"sql": WRITE_SYSTEM, "rag": INSTRUCTIONS, "calc": SYSTEM_MESSAGE}[name]
-
-
 def one(name: str, optimizer: str, seed: int, args: argparse.Namespace, policy: str, model: str, work: Path) -> Any:
     """One APO run; its outcome row (``apo_runs_v``) with the wall time."""
-    folder, agent, template = EXAMPLES[name]
+    folder = EXAMPLES[name]
+    agent, template, seed_text, settings = CASES[folder]
     run = work / f"{name}-{optimizer}-seed{seed}"
     run.mkdir(parents=True)
     sizes = {"train": None, "val": args.val_tasks, "test": args.test_tasks}
@@ -83,10 +73,9 @@ def one(name: str, optimizer: str, seed: int, args: argparse.Namespace, policy: 
     config = yaml.safe_load((ROOT / "examples" / folder / "apo.yaml").read_text())
     config |= {"seed": seed, "max_rollouts": args.max_rollouts, "max_optimizer_calls": args.max_optimizer_calls}
     (run / "apo.yaml").write_text(yaml.safe_dump(config))
-    forced = {"forced_parameters": {"tool_choice": "required"}} if name == "calc" else {}
-    llm = LLM(endpoint=policy, model=model, max_tokens_cap=48, **forced)
+    llm = LLM(endpoint=policy, model=model, max_tokens_cap=48, **settings)
     app = create_app({template: PROPOSALS[name]}, exhausted="echo")
-    with stack(run, app, {template: seed_text(name)}, agent_llm=llm) as env:
+    with stack(run, app, {template: seed_text}, agent_llm=llm) as env:
         optimizer_url, optimizer_model = (env["llm"], OPTIMIZER_MODEL) if optimizer == "scripted" else (policy, model)
         argv = [sys.executable, "-m", "lightning_store.cli", "train", "--algorithm", "apo", "--agent", agent]
         for split in sizes:
@@ -99,7 +88,7 @@ def one(name: str, optimizer: str, seed: int, args: argparse.Namespace, policy: 
         (outcome,) = runs(env["db"])
     keep = ("seed_val_score", "best_val_score", "seed_test_score", "best_test_score", "best_candidate")
     spent = ("rollouts_spent", "test_rollouts_spent", "optimizer_calls_spent", "optimizer_tokens_spent")
-    row = {key: outcome[key] for key in (*keep, *spent) if key in outcome.keys()}  # noqa: SIM118  # a sqlite3.Row: `in` tests values
+    row = {key: outcome[key] for key in (*keep, *spent)}
     return {"example": name, "optimizer": optimizer, "seed": seed, "wall_seconds": round(wall, 1), **row}
 
 
