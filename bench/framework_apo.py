@@ -72,6 +72,7 @@ def one(name: str, optimizer: str, seed: int, args: argparse.Namespace, policy: 
         (run / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
     config = yaml.safe_load((ROOT / "examples" / folder / "apo.yaml").read_text())
     config |= {"seed": seed, "max_rollouts": args.max_rollouts, "max_optimizer_calls": args.max_optimizer_calls}
+    config |= {"test_repeats": args.test_repeats}
     (run / "apo.yaml").write_text(yaml.safe_dump(config))
     llm = LLM(endpoint=policy, model=model, max_tokens_cap=48, **settings)
     app = create_app({template: PROPOSALS[name]}, exhausted="echo")
@@ -99,6 +100,7 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--val-tasks", type=int, default=8, help="validation tasks the search scores on")
     parser.add_argument("--test-tasks", type=int, default=16, help="held-out tasks scored after the search")
+    parser.add_argument("--test-repeats", type=int, default=1, help="rollouts per held-out task (APO's test_repeats)")
     parser.add_argument("--max-rollouts", type=int, default=60)
     parser.add_argument("--max-optimizer-calls", type=int, default=6)
     parser.add_argument("--workers", type=int, default=4)

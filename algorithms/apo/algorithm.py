@@ -19,7 +19,7 @@ from algorithms.apo.budget import Budget
 from algorithms.apo.candidates import Candidate, resources_id_of
 from algorithms.apo.config import ApoConfig
 from algorithms.apo.context import RESULT_SPAN, RESULT_SPAN_ID, ApoRun, mean
-from algorithms.apo.evaluation import Evaluator, tasks_of
+from algorithms.apo.evaluation import Evaluator, repeated, tasks_of
 from algorithms.apo.optimizer import Optimizer, OptimizerError, check_reachable
 from algorithms.apo.templates import TemplateError, placeholders
 from algorithms.base import Algorithm, AlgorithmConfig, ConfigurationError
@@ -251,12 +251,13 @@ async def _finish(run: ApoRun, session: TrainingSession, publish_id: str) -> dic
         "apo.seed_val_score": run.seed.val_score,
         "apo.best_val_score": leader.val_score,
         "apo.test_tasks": len(session.test_tasks),
+        "apo.test_repeats": run.config.test_repeats,
         "apo.max_rollouts": run.config.max_rollouts,
         "apo.max_optimizer_calls": run.config.max_optimizer_calls,
     }
     if session.test_tasks:
         session.on_phase("testing")
-        test = tasks_of(session.test_tasks)
+        test = repeated(tasks_of(session.test_tasks), run.config.test_repeats)
         seed_out, best_out = await run.evaluator.evaluate_many([(run.seed, test), (leader, test)], "test")
         result["apo.seed_test_score"], result["apo.best_test_score"] = mean(seed_out), mean(best_out)
     if run.config.max_optimizer_tokens is not None:

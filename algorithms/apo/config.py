@@ -68,6 +68,12 @@ class ApoConfig(AlgorithmConfig):
         None, ge=1, description="max_tokens of each optimizer call (None: the endpoint's default)."
     )
     critique_temperature: float = Field(0.0, ge=0, description="Sampling temperature of the critique calls.")
+    test_repeats: int = Field(
+        1,
+        ge=1,
+        le=100,
+        description="Rollouts per held-out test task for the seed and for the best (their mean is the score).",
+    )
     # Rollouts -----------------------------------------------------------------------------------------------
     rollout_timeout: float | None = Field(600.0, gt=0, description="Seconds an attempt may run.")
     unresponsive_seconds: float | None = Field(

@@ -41,6 +41,15 @@ def tasks_of(inputs: Sequence[Any]) -> list[Task]:
     return [Task(_content_key(value), task_id(value, i), value) for i, value in enumerate(inputs)]
 
 
+def repeated(tasks: list[Task], repeats: int) -> list[Task]:
+    """``tasks`` ``repeats`` times over, each repeat a pair of its own (its own rollout id, so the cache does not
+    read the first rollout back as the second); the first repeat is the task itself, so a run with one repeat
+    and a run with several share its rollouts."""
+    return [
+        Task(f"{task.key}#{n}" if n else task.key, task.task_id, task.input) for n in range(repeats) for task in tasks
+    ]
+
+
 def _content_key(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -15,6 +15,7 @@ its input and output as spans.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,13 +33,52 @@ INSTRUCTIONS = (
     "You answer questions about people, companies, cities and countries with the search tool's documents only. "
     "Search, then answer with the few words that answer the question, nothing else."
 )
+PIMM = "Halvard Pimm was born in Tovenby. Halvard Pimm works for Sarvik Works."
+SOLLUND = "Ebbe Sollund was born in Fennick. Ebbe Sollund works for Renholt Works."
+RENHOLT = "Renholt Works is a company founded in 1931. Renholt Works has its headquarters in Marrow."
+SARVIK = "Sarvik Works is a company founded in 1875. Sarvik Works has its headquarters in Tovenby."
+MARROW = "Marrow is a city in Galdoria."
+GALDORIA = "Galdoria is a country. The currency of Galdoria is the Brisk."
+EXAMPLES: list[tuple[str, list[tuple[str, str]], str]] = [
+    ("Where was Halvard Pimm born?", [("Halvard Pimm", PIMM)], "Tovenby"),
+    (
+        "In which year was the company Ebbe Sollund works for founded?",
+        [("Ebbe Sollund", SOLLUND), ("Renholt Works", RENHOLT)],
+        "1931",
+    ),
+    ("Which company does Ebbe Sollund work for?", [("Ebbe Sollund", SOLLUND)], "Renholt Works"),
+    ("In which country is Marrow?", [("Marrow", f"{MARROW}\n{RENHOLT}")], "Galdoria"),
+    ("Where does Sarvik Works have its headquarters?", [("Sarvik Works", SARVIK)], "Tovenby"),
+    ("What is the currency of Galdoria?", [("Galdoria", f"{GALDORIA}\n{MARROW}")], "Brisk"),
+]
+"""Worked questions about people, companies and places the corpus does not have: (question, the searches and what
+they returned, answer). Shown to the model as earlier turns of its conversation, tool calls included: a small
+model imitates a search it has seen (for the name the question asks about) far better than it follows
+instructions, and without them SmolLM2 searches for a year or a word of the question."""
+
+
+def conversation(question: str) -> list[Any]:
+    """The input of ``Runner.run`` for ``question``: :data:`EXAMPLES` as the Agents SDK's input items they would
+    have been (the question, each ``search`` call and its output, the answer), then ``question``."""
+    items: list[Any] = []
+    for number, (asked, searches, answer) in enumerate(EXAMPLES):
+        items.append({"role": "user", "content": asked})
+        for hop, (query, documents) in enumerate(searches):
+            call_id = f"example-{number}-{hop}"
+            arguments = json.dumps({"query": query})
+            items.append({"type": "function_call", "call_id": call_id, "name": "search", "arguments": arguments})
+            items.append({"type": "function_call_output", "call_id": call_id, "output": documents})
+        items.append({"role": "assistant", "content": answer})
+    return [*items, {"role": "user", "content": question}]
+
+
 SEARCH_SERVER = MCPServerStdioParams(command=sys.executable, args=["-m", "examples.rag_agent.search_server"], cwd=ROOT)
 """The same search from an MCP server, over stdio (``search_server.py``)."""
 
 
 @function_tool
 def search(query: str) -> str:
-    """Search the knowledge base. Returns the two documents that best match the query.
+    """Search the knowledge base. Returns the (at most two) documents that best match the query.
 
     Args:
         query: The words to look for, e.g. a name.
@@ -74,7 +114,7 @@ async def rag_agent(task: dict[str, Any], llm: LLM) -> float:
         model = OpenAIChatCompletionsModel(model=llm.model, openai_client=client)
         agent = research_agent(model, instructions=lambda context, agent: prompt("instructions", INSTRUCTIONS))
         try:
-            result = await Runner.run(agent, task["question"], max_turns=task.get("max_turns", 4))
+            result = await Runner.run(agent, conversation(task["question"]), max_turns=task.get("max_turns", 4))
         except MaxTurnsExceeded:
             return 0.0  # searched until out of turns without answering
     return f1(str(result.final_output), task["answer"])
@@ -90,7 +130,8 @@ async def rag_agent_mcp(task: dict[str, Any], llm: LLM) -> float:
         model = OpenAIChatCompletionsModel(model=llm.model, openai_client=client)
         instructions = lambda context, agent: prompt("instructions", INSTRUCTIONS)  # noqa: E731
         try:
-            result = await Runner.run(research_agent(model, instructions, server), task["question"], max_turns=4)
+            agent = research_agent(model, instructions, server)
+            result = await Runner.run(agent, conversation(task["question"]), max_turns=4)
         except MaxTurnsExceeded:
             return 0.0
     return f1(str(result.final_output), task["answer"])

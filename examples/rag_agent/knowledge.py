@@ -29,7 +29,10 @@ def idf() -> dict[str, float]:
 
 
 def search_documents(query: str, k: int = 2) -> str:
-    """The ``k`` documents whose words best cover the query's (each shared word weighs its IDF), one per line."""
+    """The (at most) ``k`` documents whose words best cover the query's (each shared word weighs its IDF), one per
+    line; a document that shares no word with the query is never returned, and none at all says so. Why not pad
+    to ``k``: a small model copies whatever the search showed it last, an unrelated document included."""
     asked = set(words(query))
-    ranked = sorted(documents(), key=lambda d: -sum(idf().get(w, 0.0) for w in asked.intersection(words(d["text"]))))
-    return "\n".join(document["text"] for document in ranked[:k])
+    scored = [(sum(idf().get(w, 0.0) for w in asked.intersection(words(d["text"]))), d) for d in documents()]
+    ranked = sorted((pair for pair in scored if pair[0] > 0), key=lambda pair: -pair[0])
+    return "\n".join(document["text"] for _, document in ranked[:k]) or "No document matches."

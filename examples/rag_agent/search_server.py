@@ -13,7 +13,7 @@ server = MCPServer("knowledge")
 
 @server.tool()
 def search(query: str) -> str:
-    """Search the knowledge base. Returns the two documents that best match the query."""
+    """Search the knowledge base. Returns the (at most two) documents that best match the query."""
     return search_documents(query)
 
 

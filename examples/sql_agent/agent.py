@@ -14,9 +14,12 @@ checker) and ``run_sql`` as a tool span with its input and output.
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 from typing import Any, TypedDict
 
+from langchain_core.example_selectors import BaseExampleSelector
 from langchain_core.prompts import ChatPromptTemplate, FewShotChatMessagePromptTemplate
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
@@ -28,12 +31,38 @@ WRITE_SYSTEM = (
     "You are a SQLite expert. Given the database schema below and a question, write one SQLite query that "
     "answers it. Reply with the query only.\n\n{schema}"
 )
-EXAMPLES = [
-    {"question": "How many books are there?", "query": "SELECT COUNT(*) FROM books"},
-    {"question": "List the names of all customers.", "query": "SELECT name FROM customers"},
-    {"question": "Which students are in grade 10?", "query": "SELECT name FROM students WHERE grade = 10"},
-]
-"""Shown to the writer as earlier turns of its conversation: a small model imitates a format it has seen."""
+
+
+class SimilarQuestions(BaseExampleSelector):
+    """The worked examples shown for a question: the ``k`` training questions on its database that share the most
+    words with it, most similar last (nearest the question), never the question itself. LangChain's way to choose
+    few-shot examples per input (its ``SemanticSimilarityExampleSelector`` does the same with embeddings, which
+    this offline example has none of); a small model imitates a worked example's form far better than it follows a
+    schema, so the closest examples decide most of what it can write."""
+
+    def __init__(self, examples: list[dict[str, str]], k: int = 3) -> None:
+        self.examples, self.k = list(examples), k
+
+    def add_example(self, example: dict[str, str]) -> None:
+        self.examples.append(example)
+
+    def select_examples(self, input_variables: dict[str, str]) -> list[dict[str, str]]:
+        asked = set(re.findall(r"\w+", input_variables["question"].lower()))
+        same_db = [
+            e
+            for e in self.examples
+            if e["db_id"] == input_variables["db_id"] and e["question"] != input_variables["question"]
+        ]
+        ranked = sorted(same_db, key=lambda e: len(asked & set(re.findall(r"\w+", e["question"].lower()))))
+        return ranked[-self.k :] if self.k else []
+
+
+def training_examples() -> list[dict[str, str]]:
+    """The training split's questions with their gold queries, as worked examples."""
+    lines = Path(__file__).with_name("train.jsonl").read_text().splitlines()
+    return [{"db_id": t["db_id"], "question": t["question"], "query": t["gold_sql"]} for t in map(json.loads, lines)]
+
+
 CHECK_SYSTEM = (
     "You check SQLite queries. Given a question, a query and its result, reply CORRECT if the query answers the "
     "question; otherwise say in one sentence what is wrong.\n\n{schema}"
@@ -62,20 +91,21 @@ def run_sql(db_id: str, query: str) -> str:
 
 def extract_sql(text: str) -> str:
     """The query in a model's reply: a fenced code block's content if there is one, else the text from the first
-    ``SELECT`` or ``WITH``; cut at the first semicolon."""
+    ``SELECT`` or ``WITH``; cut at the first semicolon or blank line (what a small model writes after its query)."""
     fenced = re.search(r"```(?:sql|sqlite)?\s*(.*?)(?:```|$)", text, flags=re.DOTALL | re.IGNORECASE)
     if fenced:
         text = fenced.group(1)
     start = re.search(r"\b(SELECT|WITH)\b", text, flags=re.IGNORECASE)
     if start:
         text = text[start.start() :]
-    return text.split(";")[0].strip()
+    return re.split(r";|\n\s*\n", text)[0].strip()
 
 
 def build_graph(model: ChatOpenAI, *, write_system: str = WRITE_SYSTEM, max_turns: int = 2) -> Any:
     """The compiled graph; ``max_turns`` queries at most (the first and its rewrites)."""
     shots = FewShotChatMessagePromptTemplate(
-        examples=EXAMPLES,
+        example_selector=SimilarQuestions(training_examples()),
+        input_variables=["db_id", "question"],
         example_prompt=ChatPromptTemplate.from_messages([("user", "{question}"), ("ai", "{query}")]),
     )
     write = ChatPromptTemplate.from_messages([("system", write_system), shots, ("user", "{question}")]) | model
@@ -93,7 +123,7 @@ def build_graph(model: ChatOpenAI, *, write_system: str = WRITE_SYSTEM, max_turn
     )
 
     async def write_query(state: SqlState) -> SqlState:
-        reply = await write.ainvoke({"schema": schema(state["db_id"]), "question": state["question"]})
+        reply = await write.ainvoke({"schema": schema(state["db_id"]), **state})
         return {"query": extract_sql(str(reply.content)), "turns": 1}
 
     async def execute_query(state: SqlState) -> SqlState:

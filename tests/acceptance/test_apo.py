@@ -122,7 +122,7 @@ def test_pareto_finds_the_good_rewrite_among_bad_and_invalid_ones_and_publishes_
         ]
     }
     write_tasks(tmp_path, **{s: agents.classify_tasks(s) for s in ("train", "val", "test")})
-    config = {"seed": 3, "max_rollouts": 120, "max_optimizer_calls": 16, "minibatch_size": 3}
+    config = {"seed": 3, "max_rollouts": 120, "max_optimizer_calls": 16, "minibatch_size": 3, "test_repeats": 2}
     with stack(tmp_path, create_app(script), {"prompt_template": agents.CLASSIFY_SEED}) as env:
         result = store_train(train_argv(env, tmp_path, "tests.apo_agents:classify", config))
         summary = summary_of(result)
@@ -132,6 +132,8 @@ def test_pareto_finds_the_good_rewrite_among_bad_and_invalid_ones_and_publishes_
         rows = candidates(db, run["run_id"])
     assert run["best_test_score"] == 1.0 and run["best_test_score"] >= run["seed_test_score"] + 0.4
     assert run["rollouts_in_store"] == run["rollouts_spent"] <= 120
+    # test_repeats: 2 -- each test task twice for the seed and twice for the best, each a rollout of its own
+    assert run["test_rollouts_in_store"] == run["test_rollouts_spent"] == 2 * 2 * len(agents.classify_tasks("test"))
     assert run["optimizer_calls_in_store"] == run["optimizer_calls_spent"] <= 16
     assert run["optimizer_tokens_in_store"] == run["optimizer_tokens_spent"] > 0
     best = next(r for r in rows if r["is_best"] == 1)

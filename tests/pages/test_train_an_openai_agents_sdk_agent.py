@@ -61,7 +61,8 @@ def test_the_page_runs_as_written_and_the_agent_and_its_tool_calls_are_recorded(
     for span in rows(store, "SELECT attributes FROM spans WHERE name = 'search'"):
         attributes = json.loads(span["attributes"])
         assert isinstance(json.loads(attributes["input.value"])["query"], str)
-        assert " is a " in attributes["output.value"] or " was born in " in attributes["output.value"]
+        found = attributes["output.value"]  # documents, or the search's word that none matched
+        assert " is a " in found or " was born in " in found or "No document matches." in found, found
         assert attributes["agentlightning.rollout_id"] in rollouts
         assert attributes["openinference.span.kind"] == "TOOL"
     assert len(rows(store, "SELECT * FROM rewards_v")) == 8
