@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
+from functools import cache
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -40,7 +42,7 @@ class SimilarQuestions(BaseExampleSelector):
     this offline example has none of); a small model imitates a worked example's form far better than it follows a
     schema, so the closest examples decide most of what it can write."""
 
-    def __init__(self, examples: list[dict[str, str]], k: int = 3) -> None:
+    def __init__(self, examples: Sequence[dict[str, str]], k: int = 3) -> None:
         self.examples, self.k = list(examples), k
 
     def add_example(self, example: dict[str, str]) -> None:
@@ -57,10 +59,14 @@ class SimilarQuestions(BaseExampleSelector):
         return ranked[-self.k :] if self.k else []
 
 
-def training_examples() -> list[dict[str, str]]:
-    """The training split's questions with their gold queries, as worked examples."""
+@cache
+def training_examples() -> tuple[dict[str, str], ...]:
+    """The training split's questions with their gold queries, as worked examples (read once per process, not
+    once per rollout)."""
     lines = Path(__file__).with_name("train.jsonl").read_text().splitlines()
-    return [{"db_id": t["db_id"], "question": t["question"], "query": t["gold_sql"]} for t in map(json.loads, lines)]
+    return tuple(
+        {"db_id": t["db_id"], "question": t["question"], "query": t["gold_sql"]} for t in map(json.loads, lines)
+    )
 
 
 CHECK_SYSTEM = (
