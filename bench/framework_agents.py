@@ -6,9 +6,10 @@ draws) before the first step and after the last, and the wall time; then one JSO
     pip install torch==2.13.0 -e ".[train,lora,smollm2,examples]"
     python -m bench.framework_agents --examples calc --seeds 0 1 2 --steps 12
     python -m bench.framework_agents                  # all three, seeds 0-2, 12 steps each (hours on a laptop CPU)
+    python -m bench.framework_agents --examples rag --set learning_rate=1e-3   # an option laid over grpo.yaml
 
 Each run is ``store train --algorithm grpo --config examples/NAME/grpo.yaml`` with the seed and the evaluation
-options set here, in a directory of its own under ``--output``.
+options set here (and ``--set``'s, passed on to ``store train``), in a directory of its own under ``--output``.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def train(name: str, seed: int, args: argparse.Namespace, model: Path, work: Pat
         *("--train", str(ROOT / folder / "train.jsonl"), "--val", str(run / "val.jsonl")),
         *("--model", str(model), "--config", str(run / "grpo.yaml"), "--steps", str(args.steps)),
         *("--output", str(run / "out"), "--no-resume", "--workers", str(args.workers)),
+        *(part for option in args.set for part in ("--set", option)),
     ]
     started = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
@@ -68,6 +70,7 @@ def main() -> None:
     parser.add_argument("--val-tasks", type=int, default=16, help="held-out tasks scored before and after")
     parser.add_argument("--eval-repeats", type=int, default=2, help="rollouts per held-out task per evaluation")
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a GRPO option over grpo.yaml")
     parser.add_argument("--output", type=Path, default=None, help="where the runs are kept (default: a temp dir)")
     args = parser.parse_args()
     work = args.output or Path(tempfile.mkdtemp(prefix="framework-agents-"))

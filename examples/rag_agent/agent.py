@@ -101,15 +101,25 @@ def research_agent(
 
 
 # --- lightning-store: the entry point and the reward ---------------------------------------------------------
-from examples.rag_agent.reward import f1  # noqa: E402
+from agents import RunResult, ToolCallOutputItem  # noqa: E402
+
+from examples.rag_agent.reward import reward  # noqa: E402
 from lightning_store.resources import LLM  # noqa: E402
 from runners import prompt, rollout  # noqa: E402
 
 
+def score(result: RunResult, task: dict[str, Any]) -> float:
+    """The reward of a run (``reward.py``): its final answer against the task's, and what its searches returned."""
+    outputs = [item.output for item in result.new_items if isinstance(item, ToolCallOutputItem)]
+    retrieved = [o["text"] if isinstance(o, dict) else str(o) for o in outputs]  # an MCP tool's is {"text": ...}
+    return reward(str(result.final_output), task["answer"], retrieved)
+
+
 @rollout
 async def rag_agent(task: dict[str, Any], llm: LLM) -> float:
-    """One question; the reward is the token F1 of the final answer against the task's. APO rewrites the
-    instructions through the ``instructions`` prompt template (the default without one)."""
+    """One question; the reward is the token F1 of the final answer against the task's, with a share for a search
+    that found the answer's document (``reward.py``). APO rewrites the instructions through the ``instructions``
+    prompt template (the default without one)."""
     async with AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key or "unused", max_retries=0) as client:
         model = OpenAIChatCompletionsModel(model=llm.model, openai_client=client)
         agent = research_agent(model, instructions=lambda context, agent: prompt("instructions", INSTRUCTIONS))
@@ -117,7 +127,7 @@ async def rag_agent(task: dict[str, Any], llm: LLM) -> float:
             result = await Runner.run(agent, conversation(task["question"]), max_turns=task.get("max_turns", 4))
         except MaxTurnsExceeded:
             return 0.0  # searched until out of turns without answering
-    return f1(str(result.final_output), task["answer"])
+    return score(result, task)
 
 
 @rollout
@@ -134,4 +144,4 @@ async def rag_agent_mcp(task: dict[str, Any], llm: LLM) -> float:
             result = await Runner.run(agent, conversation(task["question"]), max_turns=4)
         except MaxTurnsExceeded:
             return 0.0
-    return f1(str(result.final_output), task["answer"])
+    return score(result, task)

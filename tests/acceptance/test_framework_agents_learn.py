@@ -32,7 +32,7 @@ held-out rollouts whose rewards spread by about 0.4 have a standard error near 0
 def test_grpo_raises_the_calculator_agents_held_out_reward(tmp_path: Path) -> None:
     model = tmp_path / "smollm2-135m"
     convert(model)
-    options = argparse.Namespace(steps=12, val_tasks=30, eval_repeats=2, workers=4)
+    options = argparse.Namespace(steps=12, val_tasks=30, eval_repeats=2, workers=4, set=[])
     result = train("calc", 0, options, model, tmp_path)
     val = result["val_reward"]
     assert result.get("untrained_steps", 0) == 0, result

@@ -65,7 +65,8 @@ def test_the_page_runs_as_written_and_the_agent_and_its_tool_calls_are_recorded(
         assert " is a " in found or " was born in " in found or "No document matches." in found, found
         assert attributes["agentlightning.rollout_id"] in rollouts
         assert attributes["openinference.span.kind"] == "TOOL"
-    assert len(rows(store, "SELECT * FROM rewards_v")) == 8
+    rewards = [row["reward"] for row in rows(store, "SELECT reward FROM rewards_v")]
+    assert len(rewards) == 8 and sum(reward < 0.5 for reward in rewards) > len(rewards) / 2, rewards  # "most below 0.5"
     mcp_searches = rows(
         store, "SELECT count(*) AS n FROM spans WHERE name = 'search' AND rollout_id IN ('q-149', 'q-150')"
     )
