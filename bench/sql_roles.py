@@ -31,12 +31,11 @@ def roles(store: Path, model: Path) -> dict[int, dict[str, float]]:
     db = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
     first: dict[int, list[float]] = defaultdict(list)
     final: dict[int, list[float]] = defaultdict(list)
-    query = "SELECT rollout_id, task_id, resources_version, reward FROM rewards_v WHERE mode = 'val'"
-    for rollout_id, task_id, version, reward in db.execute(query):
-        (ids,) = db.execute(
-            "SELECT response_token_ids FROM llm_calls_v WHERE rollout_id = ? ORDER BY start_time LIMIT 1",
-            (rollout_id,),
-        ).fetchone()
+    query = (  # each validation rollout with its first LLM call's response, in one statement
+        "SELECT r.task_id, r.resources_version, r.reward, (SELECT c.response_token_ids FROM llm_calls_v c"
+        " WHERE c.rollout_id = r.rollout_id ORDER BY c.start_time LIMIT 1) FROM rewards_v r WHERE r.mode = 'val'"
+    )
+    for task_id, version, reward, ids in db.execute(query):
         written = extract_sql(str(tokenizer.decode(json.loads(ids), skip_special_tokens=True)))
         task = tasks[task_id]
         first[version].append(execution_reward(task["db_id"], written, task["gold_sql"]))
