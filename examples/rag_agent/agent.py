@@ -36,20 +36,25 @@ INSTRUCTIONS = (
 PIMM = "Halvard Pimm was born in Tovenby. Halvard Pimm works for Sarvik Works."
 SOLLUND = "Ebbe Sollund was born in Fennick. Ebbe Sollund works for Renholt Works."
 RENHOLT = "Renholt Works is a company founded in 1931. Renholt Works has its headquarters in Marrow."
-SARVIK = "Sarvik Works is a company founded in 1875. Sarvik Works has its headquarters in Tovenby."
-MARROW = "Marrow is a city in Galdoria."
+SARVIK = "Sarvik Works is a company founded in 1875. Sarvik Works has its headquarters in Kelmouth."
+TOVENBY, FENNICK = "Tovenby is a city in Ustria.", "Fennick is a city in Galdoria."
+MARROW, KELMOUTH = "Marrow is a city in Galdoria.", "Kelmouth is a city in Ustria."
 GALDORIA = "Galdoria is a country. The currency of Galdoria is the Brisk."
 EXAMPLES: list[tuple[str, list[tuple[str, str]], str]] = [
-    ("Where was Halvard Pimm born?", [("Halvard Pimm", PIMM)], "Tovenby"),
+    ("Where was Halvard Pimm born?", [("Halvard Pimm", f"{PIMM}\n{TOVENBY}\n{SARVIK}")], "Tovenby"),
     (
         "In which year was the company Ebbe Sollund works for founded?",
-        [("Ebbe Sollund", SOLLUND), ("Renholt Works", RENHOLT)],
+        [("Ebbe Sollund", f"{SOLLUND}\n{FENNICK}\n{RENHOLT}")],
         "1931",
     ),
-    ("Which company does Ebbe Sollund work for?", [("Ebbe Sollund", SOLLUND)], "Renholt Works"),
-    ("In which country is Marrow?", [("Marrow", f"{MARROW}\n{RENHOLT}")], "Galdoria"),
-    ("Where does Sarvik Works have its headquarters?", [("Sarvik Works", SARVIK)], "Tovenby"),
-    ("What is the currency of Galdoria?", [("Galdoria", f"{GALDORIA}\n{MARROW}")], "Brisk"),
+    ("In which country is Marrow?", [("Marrow", f"{MARROW}\n{GALDORIA}\n{RENHOLT}")], "Galdoria"),
+    ("In which country was Halvard Pimm born?", [("Halvard Pimm", f"{PIMM}\n{TOVENBY}\n{SARVIK}")], "Ustria"),
+    ("Where does Sarvik Works have its headquarters?", [("Sarvik Works", f"{SARVIK}\n{KELMOUTH}\n{PIMM}")], "Kelmouth"),
+    (
+        "Which company does Ebbe Sollund work for?",
+        [("Ebbe Sollund", f"{SOLLUND}\n{FENNICK}\n{RENHOLT}")],
+        "Renholt Works",
+    ),
 ]
 """Worked questions about people, companies and places the corpus does not have: (question, the searches and what
 they returned, answer). Shown to the model as earlier turns of its conversation, tool calls included: a small

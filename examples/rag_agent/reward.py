@@ -7,8 +7,9 @@ F1 = 2PR / (P + R) over the multisets of words. ``"Ostrel"`` for ``Ostrel`` is 1
 learns to say the retrieved name at all, then to say only it, and F1 rewards both steps.
 
 The reward is ``FOUND x found + (1 - FOUND) x F1``, with ``found`` 1 when one of the searches returned a
-document holding every word of the gold answer. Why: a two-hop question (half of them) is answered from the
-second search's document, and a 135M model seldom searches twice; on F1 alone, all four rollouts of most two-hop
+document holding every word of the gold answer. Why: it tells a search for the name the question asks about (which
+returns the answer's document, the search following links for a two-hop question) from one that missed, even when
+the answer after it is wrong; on F1 alone, before the search followed links, all four rollouts of most two-hop
 questions scored 0 and GRPO had nothing to compare. The answer's F1 still counts in every case (a rambling answer
 that names the right word earns more than one that does not), and the full reward needs both.
 """

@@ -66,7 +66,7 @@ def test_the_page_runs_as_written_and_the_agent_and_its_tool_calls_are_recorded(
         assert attributes["agentlightning.rollout_id"] in rollouts
         assert attributes["openinference.span.kind"] == "TOOL"
     rewards = [row["reward"] for row in rows(store, "SELECT reward FROM rewards_v")]
-    assert len(rewards) == 8 and sum(reward < 0.5 for reward in rewards) > len(rewards) / 2, rewards  # "most below 0.5"
+    assert len(rewards) == 8 and 0 < sum(rewards) / len(rewards) < 0.6, rewards  # "average well under 0.6"
     mcp_searches = rows(
         store, "SELECT count(*) AS n FROM spans WHERE name = 'search' AND rollout_id IN ('q-149', 'q-150')"
     )
