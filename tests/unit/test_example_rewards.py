@@ -19,6 +19,8 @@ HIS_DOCUMENT = ["Drakor Pexkor was born in Vellum. Drakor Pexkor works for Lumze
         ("Vellum", ["Vellum is a city in Galdoria."], 1.0),  # any returned document that holds the answer counts
         ("Vellum", [], 0.8),  # the right name without having searched for it
         ("Lumzen Works", ["No document matches."], 0.0),
+        (HIS_DOCUMENT[0] + " Vellum is a city in Galdoria.", HIS_DOCUMENT, 0.2),  # a copy of the documents: no F1
+        ("Drakor Pexkor was born in Vellum.", HIS_DOCUMENT, 0.2 + 0.8 * 2 / 7),  # one sentence (6 words) counts
     ],
 )
 def test_the_rag_reward_is_a_share_for_finding_plus_the_answers_f1(
