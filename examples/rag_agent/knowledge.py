@@ -47,5 +47,5 @@ def search_documents(query: str, k: int = 2) -> str:
         return "No document matches."
     best = ranked[0]
     linked = [d for d in documents() if d is not best and re.search(rf"\b{re.escape(d['title'])}\b", best["text"])]
-    found = [best, *linked, *(d for d in ranked[1:k] if d is not best and d not in linked)]
+    found = [best, *linked, *(d for d in ranked[1:k] if d not in linked)]
     return "\n".join(document["text"] for document in found[:4])

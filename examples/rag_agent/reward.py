@@ -48,5 +48,5 @@ def reward(answer: str, gold: str, retrieved: list[str]) -> float:
     ``gold``, plus ``1 - FOUND`` times the answer's F1 when it has at most ``MAX_ANSWER_WORDS`` words."""
     wanted = set(normal_words(gold))
     found = any(wanted <= set(normal_words(document)) for document in retrieved)
-    short = len(normal_words(answer)) <= MAX_ANSWER_WORDS
-    return FOUND * found + (1 - FOUND) * f1(answer, gold) * short
+    answered = f1(answer, gold) if len(normal_words(answer)) <= MAX_ANSWER_WORDS else 0.0
+    return FOUND * found + (1 - FOUND) * answered
