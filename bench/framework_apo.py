@@ -47,10 +47,11 @@ PROPOSALS: dict[str, list[str]] = {
         "WHERE for conditions. Reply with the SQL only.\n\n{schema}",
     ],
     "rag": [
-        "You answer questions about people, companies, cities and countries. Call search first with the name the "
-        "question asks about, then answer with the shortest phrase of the documents that answers it, nothing else.",
-        "Search for the person, company, city or country the question names. Answer with only the words of the "
-        "documents that answer the question: a name, a place or a year.",
+        "You answer questions about people, companies, cities and countries with the search tool's documents only. "
+        "Search for the name the question asks about, then reply with the answer alone: one name, one place or one "
+        "year, never a sentence.",
+        "Search the knowledge base for the person, company, city or country the question names. The documents "
+        "answer the question; reply with only the words that answer it, at most three.",
     ],
     "calc": [
         f"{CALC}: subtract for 'left' or 'fewer', divide for 'each' or 'shared equally', add for 'in all' or "
@@ -98,9 +99,9 @@ def main() -> None:
     parser.add_argument("--examples", nargs="+", choices=sorted(EXAMPLES), default=["sql", "rag", "calc"])
     parser.add_argument("--optimizers", nargs="+", choices=["scripted", "smollm2"], default=["scripted", "smollm2"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--val-tasks", type=int, default=8, help="validation tasks the search scores on")
-    parser.add_argument("--test-tasks", type=int, default=16, help="held-out tasks scored after the search")
-    parser.add_argument("--test-repeats", type=int, default=1, help="rollouts per held-out task (APO's test_repeats)")
+    parser.add_argument("--val-tasks", type=int, default=12, help="validation tasks the search scores on")
+    parser.add_argument("--test-tasks", type=int, default=30, help="held-out tasks scored after the search")
+    parser.add_argument("--test-repeats", type=int, default=2, help="rollouts per held-out task (APO's test_repeats)")
     parser.add_argument("--max-rollouts", type=int, default=60)
     parser.add_argument("--max-optimizer-calls", type=int, default=6)
     parser.add_argument("--workers", type=int, default=4)
