@@ -3,7 +3,7 @@ exactly as ``bench/framework_agents.py`` runs it (``store train`` with the examp
 fixed, every validation task scored twice before the first step and after the last).
 
 All three examples are here: the calculator (AutoGen), the SQL agent (LangGraph) and the retrieval agent (Agents
-SDK), whose rises the benchmark backs on every seed it ran (docs/benchmarks.md). A run takes 20-40 minutes on two
+SDK), whose rises the benchmark backs on every seed (docs/benchmarks.md). A run takes 20-40 minutes on two
 cores, so it is ``long`` (``LIGHTNING_STORE_TEST_LONG=1``), outside CI's budget.
 """
 
@@ -31,7 +31,7 @@ held-out rollouts whose rewards spread by about 0.4 have a standard error near 0
 
 UNTRAINED_STEPS = {"calc": 0, "sql": 0, "rag": 2}
 """The most steps that may train nothing. A retrieval step's four groups all score alike now and then (a wrong name
-and a copy of the documents both earn 0.2): one step of 12 on seed 0, two on seed 1."""
+and a copy of the documents both earn 0.2): one step of 12 on seed 0, two on seed 1, none on seed 2."""
 
 
 @pytest.mark.parametrize("example", ["calc", "sql", "rag"])
