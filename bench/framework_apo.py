@@ -8,6 +8,9 @@ serve``), on several seeds, with one of two optimizers:
   validation picks among fixed candidates holds on the held-out tasks.
 * ``smollm2``: the same SmolLM2 as the optimizer, writing its own critiques and rewrites.
 
+``--seed-prompt`` starts from another prompt than the example's: with a budget of one proposal
+(``--max-rollouts 32 --max-optimizer-calls 2``) its held-out score measures how far the prompt alone moves the agent.
+
 Prints, per example, optimizer and seed, the held-out (test split) score of the seed prompt and of the best
 candidate, the rollouts and optimizer calls spent, and the wall time; then one JSON line per run.
 
@@ -65,6 +68,7 @@ def one(name: str, optimizer: str, seed: int, args: argparse.Namespace, policy: 
     """One APO run; its outcome row (``apo_runs_v``) with the wall time."""
     folder = EXAMPLES[name]
     agent, template, seed_text, settings = CASES[folder]
+    seed_text = args.seed_prompt if args.seed_prompt is not None else seed_text
     run = work / f"{name}-{optimizer}-seed{seed}"
     run.mkdir(parents=True)
     sizes = {"train": None, "val": args.val_tasks, "test": args.test_tasks}
@@ -74,6 +78,8 @@ def one(name: str, optimizer: str, seed: int, args: argparse.Namespace, policy: 
     config = yaml.safe_load((ROOT / "examples" / folder / "apo.yaml").read_text())
     config |= {"seed": seed, "max_rollouts": args.max_rollouts, "max_optimizer_calls": args.max_optimizer_calls}
     config |= {"test_repeats": args.test_repeats}
+    if args.minibatch_size is not None:
+        config["minibatch_size"] = args.minibatch_size
     (run / "apo.yaml").write_text(yaml.safe_dump(config))
     llm = LLM(endpoint=policy, model=model, max_tokens_cap=48, **settings)
     app = create_app({template: PROPOSALS[name]}, exhausted="echo")
@@ -104,6 +110,12 @@ def main() -> None:
     parser.add_argument("--test-repeats", type=int, default=2, help="rollouts per held-out task (APO's test_repeats)")
     parser.add_argument("--max-rollouts", type=int, default=60)
     parser.add_argument("--max-optimizer-calls", type=int, default=6)
+    parser.add_argument("--minibatch-size", type=int, default=None, help="APO's minibatch_size (default: apo.yaml's)")
+    parser.add_argument(
+        "--seed-prompt",
+        default=None,
+        help="start from this prompt instead of the example's (an ablation: how far the prompt moves the agent)",
+    )
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--output", type=Path, default=None, help="where the runs are kept (default: a temp dir)")
     args = parser.parse_args()
