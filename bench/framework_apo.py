@@ -78,8 +78,6 @@ def one(name: str, optimizer: str, seed: int, args: argparse.Namespace, policy: 
     config = yaml.safe_load((ROOT / "examples" / folder / "apo.yaml").read_text())
     config |= {"seed": seed, "max_rollouts": args.max_rollouts, "max_optimizer_calls": args.max_optimizer_calls}
     config |= {"test_repeats": args.test_repeats}
-    if args.minibatch_size is not None:
-        config["minibatch_size"] = args.minibatch_size
     (run / "apo.yaml").write_text(yaml.safe_dump(config))
     llm = LLM(endpoint=policy, model=model, max_tokens_cap=48, **settings)
     app = create_app({template: PROPOSALS[name]}, exhausted="echo")
@@ -110,7 +108,6 @@ def main() -> None:
     parser.add_argument("--test-repeats", type=int, default=2, help="rollouts per held-out task (APO's test_repeats)")
     parser.add_argument("--max-rollouts", type=int, default=60)
     parser.add_argument("--max-optimizer-calls", type=int, default=6)
-    parser.add_argument("--minibatch-size", type=int, default=None, help="APO's minibatch_size (default: apo.yaml's)")
     parser.add_argument(
         "--seed-prompt",
         default=None,
